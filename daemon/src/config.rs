@@ -1,0 +1,335 @@
+//! Serve settings from three layers: the TOML file, command-line flags, then `INFERLOOP_*`
+//! environment variables, each overriding the one before; then checked as a whole.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default model location used by `make run`.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {var}={value:?}: {message}")]
+    Env {
+        var: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("`{field}` {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error(
+        "refusing to bind {host} without an API key: set --api-key (or INFERLOOP_API_KEY), \
+         or pass --insecure-no-auth to serve the LAN unauthenticated"
+    )]
+    UnauthenticatedBind { host: IpAddr },
+}
+
+/// One layer of settings; every field optional so layers can be merged.
+/// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
+#[derive(Debug, Default, Clone, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ServeLayer {
+    /// GGUF model file.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Model id reported by the API (default: the file stem).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Address to bind.
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// Port to bind (0 picks a free one; the log line `listening on` names it).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Sequences decoded concurrently.
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Requests that may wait for a slot; more get 429.
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// Context length of each slot, in tokens (the KV cache holds slots × ctx).
+    #[arg(long)]
+    pub ctx: Option<u32>,
+    /// CPU threads for llama.cpp.
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Allow binding a non-loopback address without an API key.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_no_auth: Option<bool>,
+    /// Longest wait in the queue before a 503, in milliseconds.
+    #[arg(long)]
+    pub queue_timeout_ms: Option<u64>,
+    /// Grace period for in-flight requests on SIGTERM, in seconds.
+    #[arg(long = "shutdown-timeout")]
+    #[serde(alias = "shutdown_timeout")]
+    pub shutdown_timeout_secs: Option<u64>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Time allowed to receive request headers and body, in seconds.
+    #[arg(long)]
+    pub read_timeout_secs: Option<u64>,
+}
+
+impl ServeLayer {
+    /// Overlays `other` on `self`: fields set in `other` win.
+    fn overlay(self, other: ServeLayer) -> ServeLayer {
+        ServeLayer {
+            model: other.model.or(self.model),
+            model_id: other.model_id.or(self.model_id),
+            host: other.host.or(self.host),
+            port: other.port.or(self.port),
+            slots: other.slots.or(self.slots),
+            queue: other.queue.or(self.queue),
+            ctx: other.ctx.or(self.ctx),
+            threads: other.threads.or(self.threads),
+            api_key: other.api_key.or(self.api_key),
+            insecure_no_auth: other.insecure_no_auth.or(self.insecure_no_auth),
+            queue_timeout_ms: other.queue_timeout_ms.or(self.queue_timeout_ms),
+            shutdown_timeout_secs: other.shutdown_timeout_secs.or(self.shutdown_timeout_secs),
+            max_body_bytes: other.max_body_bytes.or(self.max_body_bytes),
+            read_timeout_secs: other.read_timeout_secs.or(self.read_timeout_secs),
+        }
+    }
+
+    /// Reads `INFERLOOP_*` variables through `get` (injectable for tests).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<ServeLayer, ConfigError> {
+        fn parse<T: std::str::FromStr>(
+            get: &impl Fn(&str) -> Option<String>,
+            var: &'static str,
+        ) -> Result<Option<T>, ConfigError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            match get(var) {
+                None => Ok(None),
+                Some(value) => {
+                    value
+                        .trim()
+                        .parse()
+                        .map(Some)
+                        .map_err(|e: T::Err| ConfigError::Env {
+                            var,
+                            message: e.to_string(),
+                            value,
+                        })
+                }
+            }
+        }
+        Ok(ServeLayer {
+            model: get("INFERLOOP_MODEL").map(PathBuf::from),
+            model_id: get("INFERLOOP_MODEL_ID"),
+            host: parse(&get, "INFERLOOP_HOST")?,
+            port: parse(&get, "INFERLOOP_PORT")?,
+            slots: parse(&get, "INFERLOOP_SLOTS")?,
+            queue: parse(&get, "INFERLOOP_QUEUE")?,
+            ctx: parse(&get, "INFERLOOP_CTX")?,
+            threads: parse(&get, "INFERLOOP_THREADS")?,
+            api_key: get("INFERLOOP_API_KEY"),
+            insecure_no_auth: parse(&get, "INFERLOOP_INSECURE_NO_AUTH")?,
+            queue_timeout_ms: parse(&get, "INFERLOOP_QUEUE_TIMEOUT_MS")?,
+            shutdown_timeout_secs: parse(&get, "INFERLOOP_SHUTDOWN_TIMEOUT")?,
+            max_body_bytes: parse(&get, "INFERLOOP_MAX_BODY_BYTES")?,
+            read_timeout_secs: parse(&get, "INFERLOOP_READ_TIMEOUT_SECS")?,
+        })
+    }
+
+    pub fn from_file(path: &Path) -> Result<ServeLayer, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })
+    }
+}
+
+/// Final, checked settings.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub model: PathBuf,
+    pub model_id: String,
+    pub host: IpAddr,
+    pub port: u16,
+    pub slots: usize,
+    pub queue: usize,
+    pub ctx: u32,
+    pub threads: i32,
+    pub api_key: Option<String>,
+    pub queue_timeout: Duration,
+    pub shutdown_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub read_timeout: Duration,
+}
+
+impl ServeConfig {
+    /// Merges file < flags < env and validates the result.
+    pub fn resolve(
+        file: Option<ServeLayer>,
+        flags: ServeLayer,
+        env: ServeLayer,
+    ) -> Result<Self, ConfigError> {
+        let merged = file.unwrap_or_default().overlay(flags).overlay(env);
+        Self::validate(merged)
+    }
+
+    fn validate(l: ServeLayer) -> Result<Self, ConfigError> {
+        let invalid = |field, message: &str| ConfigError::Invalid {
+            field,
+            message: message.to_string(),
+        };
+        let model = l.model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+        let model_id = match l.model_id {
+            Some(id) if id.trim().is_empty() => {
+                return Err(invalid("model_id", "must not be empty"))
+            }
+            Some(id) => id,
+            None => model
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| invalid("model", "has no file name to derive a model id from"))?,
+        };
+        let slots = l.slots.unwrap_or(4);
+        if !(1..=64).contains(&slots) {
+            return Err(invalid("slots", "must be between 1 and 64"));
+        }
+        let ctx = l.ctx.unwrap_or(2048);
+        if !(64..=1 << 20).contains(&ctx) {
+            return Err(invalid("ctx", "must be between 64 and 1048576 tokens"));
+        }
+        let default_threads = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
+        let threads = l.threads.unwrap_or(default_threads);
+        if !(1..=256).contains(&threads) {
+            return Err(invalid("threads", "must be between 1 and 256"));
+        }
+        let max_body_bytes = l.max_body_bytes.unwrap_or(1 << 20);
+        if max_body_bytes < 1024 {
+            return Err(invalid("max_body_bytes", "must be at least 1024"));
+        }
+        let api_key = l.api_key.filter(|k| !k.is_empty());
+        let host = l.host.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        if !host.is_loopback() && api_key.is_none() && !l.insecure_no_auth.unwrap_or(false) {
+            return Err(ConfigError::UnauthenticatedBind { host });
+        }
+        let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
+        if queue_timeout_ms == 0 {
+            return Err(invalid("queue_timeout_ms", "must be positive"));
+        }
+        Ok(Self {
+            model,
+            model_id,
+            host,
+            port: l.port.unwrap_or(8080),
+            slots,
+            queue: l.queue.unwrap_or(16),
+            ctx,
+            threads,
+            api_key,
+            queue_timeout: Duration::from_millis(queue_timeout_ms),
+            shutdown_timeout: Duration::from_secs(l.shutdown_timeout_secs.unwrap_or(30)),
+            max_body_bytes,
+            read_timeout: Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> ServeLayer {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        ServeLayer::from_env(|k| map.get(k).cloned()).expect("valid env")
+    }
+
+    #[test]
+    fn flags_override_file_and_env_overrides_both() {
+        let file: ServeLayer = toml::from_str("port = 1000\nslots = 2\nctx = 512\n").expect("toml");
+        let flags = ServeLayer {
+            port: Some(2000),
+            slots: Some(3),
+            ..ServeLayer::default()
+        };
+        let cfg = ServeConfig::resolve(Some(file), flags, env(&[("INFERLOOP_PORT", "3000")]))
+            .expect("valid");
+        assert_eq!(cfg.port, 3000);
+        assert_eq!(cfg.slots, 3);
+        assert_eq!(cfg.ctx, 512);
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_rejected() {
+        let err = toml::from_str::<ServeLayer>("prot = 1").expect_err("unknown key");
+        assert!(err.to_string().contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn model_id_defaults_to_file_stem() {
+        let cfg = ServeConfig::resolve(None, ServeLayer::default(), ServeLayer::default())
+            .expect("defaults are valid");
+        assert_eq!(cfg.model_id, "SmolLM2-135M-Instruct.Q4_1");
+        assert_eq!(cfg.host, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(cfg.max_body_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn public_bind_without_key_is_refused() {
+        let flags = ServeLayer {
+            host: Some("0.0.0.0".parse().expect("ip")),
+            ..ServeLayer::default()
+        };
+        let err = ServeConfig::resolve(None, flags.clone(), ServeLayer::default())
+            .expect_err("must refuse");
+        assert!(matches!(err, ConfigError::UnauthenticatedBind { .. }));
+        let insecure = ServeLayer {
+            insecure_no_auth: Some(true),
+            ..flags.clone()
+        };
+        assert!(ServeConfig::resolve(None, insecure, ServeLayer::default()).is_ok());
+        let keyed = ServeLayer {
+            api_key: Some("k".into()),
+            ..flags
+        };
+        assert!(ServeConfig::resolve(None, keyed, ServeLayer::default()).is_ok());
+    }
+
+    #[test]
+    fn bad_env_value_names_the_variable() {
+        let err = ServeLayer::from_env(|k| (k == "INFERLOOP_SLOTS").then(|| "many".to_string()))
+            .expect_err("not a number");
+        assert!(err.to_string().contains("INFERLOOP_SLOTS"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field() {
+        let flags = ServeLayer {
+            slots: Some(0),
+            ..ServeLayer::default()
+        };
+        let err = ServeConfig::resolve(None, flags, ServeLayer::default()).expect_err("0 slots");
+        assert!(err.to_string().contains("`slots`"), "{err}");
+    }
+}

@@ -1,0 +1,254 @@
+//! The inference engine: one model, one llama.cpp context, a decode thread doing continuous
+//! batching, and the handle the HTTP layer talks to.
+//!
+//! The decode thread is an actor: `Engine` is a cloneable sender; the thread owns the
+//! scheduler [`state::State`], the context and every live sequence.
+
+pub mod model;
+pub mod state;
+pub mod text;
+mod worker;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+pub use model::{LoadedModel, ModelInfo};
+
+use crate::metrics::Metrics;
+
+/// Errors the engine reports for one request or at start-up.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("all {slots} slots are busy and the queue is full ({capacity} waiting); retry later")]
+    QueueFull { slots: usize, capacity: usize },
+    #[error("request waited {waited_ms} ms in the queue, longer than the {timeout_ms} ms limit")]
+    QueueTimeout { waited_ms: u64, timeout_ms: u64 },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("decode failed: {0}")]
+    Decode(String),
+    #[error("failed to load model {path}: {reason}")]
+    ModelLoad { path: String, reason: String },
+    #[error("failed to create the llama.cpp context: {0}")]
+    Context(String),
+}
+
+impl EngineError {
+    /// Stable label for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::QueueFull { .. } => "queue_full",
+            Self::QueueTimeout { .. } => "queue_timeout",
+            Self::ShuttingDown => "shutting_down",
+            Self::Decode(_) => "decode_failed",
+            Self::ModelLoad { .. } => "model_load_failed",
+            Self::Context(_) => "context_failed",
+        }
+    }
+}
+
+/// Sampling settings for one sequence, already validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u32,
+}
+
+impl Default for SamplingParams {
+    /// OpenAI's defaults: temperature 1, nucleus and top-k off, no penalties.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// A tokenized request ready for a slot.
+#[derive(Debug)]
+pub struct GenerationRequest {
+    pub prompt_tokens: Vec<i32>,
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    pub sampling: SamplingParams,
+    /// When the HTTP layer received the request: TTFT counts from here.
+    pub received_at: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+/// llama-server style timings, plus the queue wait.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timings {
+    pub queue_ms: f64,
+    pub prompt_n: u32,
+    pub prompt_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: u32,
+    pub predicted_ms: f64,
+    pub predicted_per_second: f64,
+    /// Request received → first token sampled (queue + tokenize + prompt eval + first sample).
+    pub ttft_ms: f64,
+}
+
+/// What the decode thread tells a request, in order: `Admitted`, `Text`*, then `Finished`
+/// or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    Admitted {
+        queue_ms: f64,
+    },
+    Text(String),
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+    },
+    Failed(EngineError),
+}
+
+/// Live counters the status route reads.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Load {
+    pub active: usize,
+    pub queued: usize,
+}
+
+enum Command {
+    Submit {
+        request: GenerationRequest,
+        events: mpsc::UnboundedSender<Event>,
+        accepted: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Shutdown,
+}
+
+/// Static engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub slots: usize,
+    pub queue: usize,
+    /// Context length of each slot.
+    pub ctx: u32,
+    pub threads: i32,
+    pub queue_timeout: Duration,
+    /// Most prompt tokens evaluated in one step, so running streams keep flowing during a
+    /// long prefill.
+    pub prefill_chunk: usize,
+}
+
+/// Handle to the decode thread. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    tx: std::sync::mpsc::Sender<Command>,
+    model: Arc<LoadedModel>,
+    load: Arc<std::sync::Mutex<Load>>,
+    config: Arc<EngineConfig>,
+}
+
+impl Engine {
+    /// Starts the decode thread around an already loaded model. Returns once the context
+    /// exists, so a failure here is a start-up failure, not a request failure.
+    pub fn start(
+        model: Arc<LoadedModel>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, EngineError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let load = Arc::new(std::sync::Mutex::new(Load::default()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread_model = model.clone();
+        let thread_config = config.clone();
+        let thread_load = load.clone();
+        std::thread::Builder::new()
+            .name("inferloop-decode".into())
+            .spawn(move || {
+                worker::run(
+                    thread_model,
+                    thread_config,
+                    rx,
+                    ready_tx,
+                    metrics,
+                    thread_load,
+                )
+            })
+            .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                tx,
+                model,
+                load,
+                config: Arc::new(config),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::Context(
+                "decode thread exited during start-up".into(),
+            )),
+        }
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn load(&self) -> Load {
+        self.load.lock().map(|l| *l).unwrap_or_default()
+    }
+
+    /// Queues a request. Resolves once the decode thread accepted it (or refused it, e.g.
+    /// because the queue is full); events then arrive on the returned receiver.
+    /// Dropping the receiver cancels the request.
+    pub async fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (accepted, accepted_rx) = oneshot::channel();
+        self.tx
+            .send(Command::Submit {
+                request,
+                events,
+                accepted,
+            })
+            .map_err(|_| EngineError::ShuttingDown)?;
+        accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
+        Ok(rx)
+    }
+
+    /// Cancels everything still running or waiting; the decode thread then exits.
+    pub fn shutdown(&self) {
+        // A send error means the thread is already gone, which is the goal.
+        if self.tx.send(Command::Shutdown).is_err() {
+            tracing::debug!("decode thread already stopped");
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Errors on the wire: every failure leaves as `{"error":{"message","type","param","code"}}`
+//! with the matching status code.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::engine::EngineError;
+use crate::validate::InvalidRequest;
+
+/// An error ready to be sent to the client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI `error.type`.
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    pub retry_after_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after_secs: None,
+        }
+    }
+
+    fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    fn param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).param(param)
+    }
+
+    pub fn context_length_exceeded(limit: u32, prompt: usize, completion: u32) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!(
+                "This model's maximum context length is {limit} tokens. However, you requested \
+                 {} tokens ({prompt} in the prompt, {completion} for the completion). Please \
+                 reduce the length of the prompt or of max_tokens.",
+                prompt + completion as usize
+            ),
+        )
+        .param("messages")
+        .code("context_length_exceeded")
+    }
+
+    pub fn model_not_found(requested: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("The model `{requested}` does not exist or you do not have access to it."),
+        )
+        .param("model")
+        .code("model_not_found")
+    }
+
+    pub fn unauthorized(message: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+            .code("invalid_api_key")
+    }
+
+    pub fn route_not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("Unknown route: {path}"),
+        )
+        .code("not_found")
+    }
+
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("Method {method} is not allowed on {path}"),
+        )
+        .code("method_not_allowed")
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("Request body exceeds the limit of {limit} bytes"),
+        )
+        .code("request_too_large")
+    }
+
+    pub fn read_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "Timed out reading the request body",
+        )
+        .code("request_timeout")
+    }
+
+    pub fn unsupported_media_type(got: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            format!("Content-Type must be application/json, got `{got}`"),
+        )
+        .code("unsupported_media_type")
+    }
+
+    pub fn not_ready() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The model is still loading; retry shortly",
+        )
+        .code("model_loading")
+        .retry_after(1)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message).code("internal_error")
+    }
+}
+
+impl From<InvalidRequest> for ApiError {
+    fn from(e: InvalidRequest) -> Self {
+        let message = e.to_string();
+        match e {
+            InvalidRequest::Json(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+                    .code("invalid_json")
+            }
+            InvalidRequest::Field { param, .. } => ApiError::invalid(param, message),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::QueueFull { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+                    .code("queue_full")
+                    .retry_after(1)
+            }
+            EngineError::QueueTimeout { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                    .code("queue_timeout")
+                    .retry_after(1)
+            }
+            EngineError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                    .code("shutting_down")
+            }
+            EngineError::Decode(_) | EngineError::ModelLoad { .. } | EngineError::Context(_) => {
+                ApiError::internal(message).code(e.kind())
+            }
+        }
+    }
+}
+
+impl ApiError {
+    /// The JSON body alone, for an error sent inside an SSE stream.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&Body {
+            error: Detail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        })
+        .unwrap_or_else(|_| r#"{"error":{"message":"internal error"}}"#.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.to_json(),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after_secs {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

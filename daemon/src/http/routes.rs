@@ -1,0 +1,98 @@
+//! Small routes: models, health, readiness, metrics and status.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::wire::{ModelCard, ModelList};
+use super::AppState;
+
+pub async fn healthz() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.engine() {
+        Ok(_) => Json(json!({ "status": "ready" })).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(json!({ "status": "loading" })),
+        )
+            .into_response(),
+    }
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+fn card(state: &AppState) -> Result<ModelCard, ApiError> {
+    let engine = state.engine()?;
+    let info = engine.model().info();
+    Ok(ModelCard {
+        id: info.id.clone(),
+        object: "model",
+        created: info.created,
+        owned_by: "inferloop",
+    })
+}
+
+pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
+    Ok(Json(ModelList {
+        object: "list",
+        data: vec![card(&state)?],
+    }))
+}
+
+pub async fn model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let card = card(&state)?;
+    if card.id != id {
+        return Err(ApiError::model_not_found(&id));
+    }
+    Ok(Json(card))
+}
+
+pub async fn status(State(state): State<AppState>) -> Response {
+    let engine = state.engine.borrow().clone();
+    let cfg = &state.config;
+    let load = engine.as_ref().map(|e| e.load()).unwrap_or_default();
+    let model = engine.as_ref().map(|e| e.model().info().clone());
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "ready": engine.is_some(),
+        "uptime_s": state.started.elapsed().as_secs_f64(),
+        "model": model,
+        "slots": {
+            "total": cfg.slots,
+            "active": load.active,
+            "idle": cfg.slots.saturating_sub(load.active),
+            "ctx_per_slot": cfg.ctx,
+        },
+        "queue": {
+            "depth": load.queued,
+            "capacity": cfg.queue,
+            "timeout_ms": cfg.queue_timeout.as_millis() as u64,
+        },
+        "threads": cfg.threads,
+        "requests": {
+            "generated_tokens_total": state.metrics.generated_tokens_total.get(),
+            "prompt_tokens_total": state.metrics.prompt_tokens_total.get(),
+            "cancelled_total": state.metrics.cancelled_total.get(),
+        },
+    }))
+    .into_response()
+}

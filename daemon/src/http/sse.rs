@@ -1,0 +1,262 @@
+//! Server-sent events in the OpenAI shape: role first, one constant id, `finish_reason` on the
+//! final choice chunk, an optional usage chunk, then `data: [DONE]`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::stream::{self, Stream, StreamExt};
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::error::ApiError;
+use super::wire::{ChatChunk, ChunkChoice, CompletionChunk, CompletionChunkChoice, Delta};
+use crate::engine::{EngineError, Event, FinishReason, Timings, Usage};
+
+/// A comment line sent when nothing else was, so proxies and clients keep the stream open
+/// through a long queue wait or prefill.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Chat,
+    Completion,
+}
+
+/// Per-stream constants and frame builders.
+pub struct Framer {
+    pub shape: Shape,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+}
+
+impl Framer {
+    fn usage_field(&self, usage: Option<Usage>) -> Option<Option<Usage>> {
+        self.include_usage.then_some(usage)
+    }
+
+    /// The first chunk: the assistant role (chat) or the echoed prompt (completions).
+    pub fn opening(&self, echo: Option<&str>) -> Option<Bytes> {
+        match self.shape {
+            Shape::Chat => Some(self.chat_chunk(
+                Delta {
+                    role: Some("assistant"),
+                    content: Some(""),
+                },
+                None,
+                None,
+            )),
+            Shape::Completion => echo.map(|text| self.text(text)),
+        }
+    }
+
+    pub fn text(&self, text: &str) -> Bytes {
+        match self.shape {
+            Shape::Chat => self.chat_chunk(
+                Delta {
+                    role: None,
+                    content: Some(text),
+                },
+                None,
+                None,
+            ),
+            Shape::Completion => self.completion_chunk(text, None, None),
+        }
+    }
+
+    /// Finish chunk, usage chunk if asked for, and the `[DONE]` sentinel, as one write.
+    pub fn closing(&self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
+        let mut out = Vec::new();
+        let finish = match self.shape {
+            Shape::Chat => self.chat_chunk(Delta::default(), Some(reason), Some(timings)),
+            Shape::Completion => self.completion_chunk("", Some(reason), Some(timings)),
+        };
+        out.extend_from_slice(&finish);
+        if self.include_usage {
+            let chunk = match self.shape {
+                Shape::Chat => frame(&ChatChunk {
+                    id: &self.id,
+                    object: "chat.completion.chunk",
+                    created: self.created,
+                    model: &self.model,
+                    system_fingerprint: super::generate::FINGERPRINT,
+                    choices: Vec::new(),
+                    usage: Some(Some(usage)),
+                    timings: None,
+                }),
+                Shape::Completion => frame(&CompletionChunk {
+                    id: &self.id,
+                    object: "text_completion",
+                    created: self.created,
+                    model: &self.model,
+                    system_fingerprint: super::generate::FINGERPRINT,
+                    choices: Vec::new(),
+                    usage: Some(Some(usage)),
+                    timings: None,
+                }),
+            };
+            out.extend_from_slice(&chunk);
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+
+    fn chat_chunk(
+        &self,
+        delta: Delta<'_>,
+        finish_reason: Option<FinishReason>,
+        timings: Option<Timings>,
+    ) -> Bytes {
+        frame(&ChatChunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: super::generate::FINGERPRINT,
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: self.usage_field(None),
+            timings,
+        })
+    }
+
+    fn completion_chunk(
+        &self,
+        text: &str,
+        finish_reason: Option<FinishReason>,
+        timings: Option<Timings>,
+    ) -> Bytes {
+        frame(&CompletionChunk {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: super::generate::FINGERPRINT,
+            choices: vec![CompletionChunkChoice {
+                index: 0,
+                text,
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: self.usage_field(None),
+            timings,
+        })
+    }
+}
+
+fn frame(v: &impl Serialize) -> Bytes {
+    match serde_json::to_vec(v) {
+        Ok(json) => {
+            let mut out = Vec::with_capacity(json.len() + 8);
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&json);
+            out.extend_from_slice(b"\n\n");
+            Bytes::from(out)
+        }
+        Err(e) => error_frame(&ApiError::internal(format!("serialization failed: {e}"))),
+    }
+}
+
+fn error_frame(e: &ApiError) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", e.to_json()))
+}
+
+/// Turns the engine's events into the SSE body. Dropping the body (client gone) drops the
+/// receiver, which the decode thread sees after its current step.
+pub fn events_to_body(
+    framer: Framer,
+    opening: Option<Bytes>,
+    events: UnboundedReceiver<Event>,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let rest = stream::unfold(Some((events, framer)), |state| async move {
+        let (mut events, framer) = state?;
+        loop {
+            let next = tokio::time::timeout(KEEPALIVE_EVERY, events.recv()).await;
+            let bytes = match next {
+                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
+                Ok(Some(Event::Admitted { .. })) => continue,
+                Ok(Some(Event::Text(t))) => framer.text(&t),
+                Ok(Some(Event::Finished {
+                    reason,
+                    usage,
+                    timings,
+                })) => return Some((framer.closing(reason, usage, timings), None)),
+                Ok(Some(Event::Failed(e))) => return Some((error_frame(&e.into()), None)),
+                Ok(None) => {
+                    let e: ApiError = EngineError::ShuttingDown.into();
+                    return Some((error_frame(&e), None));
+                }
+            };
+            return Some((bytes, Some((events, framer))));
+        }
+    });
+    stream::iter(opening).chain(rest).map(Ok)
+}
+
+pub fn response(body: impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
+    let mut resp = Body::from_stream(body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Tell nginx-style proxies not to buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framer(include_usage: bool) -> Framer {
+        Framer {
+            shape: Shape::Chat,
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage,
+        }
+    }
+
+    fn json_of(frame: &[u8]) -> serde_json::Value {
+        let text = std::str::from_utf8(frame).expect("utf8");
+        let body = text
+            .strip_prefix("data: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .expect("one SSE frame");
+        serde_json::from_str(body).expect("json")
+    }
+
+    #[test]
+    fn opening_chunk_carries_the_role() {
+        let f = framer(false);
+        let v = json_of(&f.opening(None).expect("chat always opens"));
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert!(v.get("usage").is_none());
+    }
+
+    #[test]
+    fn usage_is_null_on_chunks_until_the_last_when_requested() {
+        let f = framer(true);
+        let v = json_of(&f.text("hi"));
+        assert!(v["usage"].is_null() && v.as_object().is_some_and(|o| o.contains_key("usage")));
+        let closing = f.closing(FinishReason::Stop, Usage::default(), Timings::default());
+        let text = std::str::from_utf8(&closing).expect("utf8");
+        let frames: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
+        assert_eq!(frames.len(), 3, "{text}");
+        assert!(frames[1].contains("\"choices\":[]"));
+        assert_eq!(frames[2], "data: [DONE]");
+    }
+}

@@ -1,0 +1,165 @@
+//! The serve lifecycle: bind, load the model behind a readiness gate, serve, and on shutdown
+//! stop accepting, let in-flight requests finish up to a deadline, then cancel the rest.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::ServeConfig;
+use crate::engine::{Engine, EngineConfig, EngineError, LoadedModel};
+use crate::exit::ExitCode;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+
+/// Prompt tokens evaluated per decode step alongside running streams.
+const PREFILL_CHUNK: usize = 512;
+/// After the drain deadline, how long cancelled streams get to send their last frame.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("model loader task failed: {0}")]
+    Loader(String),
+}
+
+impl ServeError {
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::Bind { .. } => ExitCode::Usage,
+            Self::Engine(_) | Self::Loader(_) => ExitCode::ModelLoad,
+        }
+    }
+}
+
+/// Runs the daemon until `shutdown` resolves.
+pub async fn run(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let started = Instant::now();
+    let addr = SocketAddr::new(config.host, config.port);
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!("listening on http://{bound}");
+
+    let config = Arc::new(config);
+    let metrics = Arc::new(Metrics::default());
+    let (engine_tx, engine_rx) = watch::channel(None);
+    let app = http::router(AppState {
+        config: config.clone(),
+        metrics: metrics.clone(),
+        engine: engine_rx,
+        started,
+    });
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let server = tokio::spawn(http::serve(
+        listener,
+        app,
+        config.read_timeout,
+        async move {
+            // An error means the sender is gone, which also means stop.
+            let _ = stop_rx.wait_for(|stop| *stop).await;
+        },
+    ));
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let loader = tokio::task::spawn_blocking({
+        let config = config.clone();
+        let metrics = metrics.clone();
+        move || load_engine(&config, metrics)
+    });
+    let engine = tokio::select! {
+        loaded = loader => match loaded {
+            Ok(Ok(engine)) => engine,
+            Ok(Err(e)) => {
+                stop_tx.send_replace(true);
+                return Err(e.into());
+            }
+            Err(e) => {
+                stop_tx.send_replace(true);
+                return Err(ServeError::Loader(e.to_string()));
+            }
+        },
+        () = &mut shutdown => {
+            tracing::info!("shutdown requested while loading; exiting");
+            stop_tx.send_replace(true);
+            return Ok(());
+        }
+    };
+    let info = engine.model().info();
+    tracing::info!(
+        model = %info.id,
+        params = info.n_params,
+        slots = config.slots,
+        ctx = config.ctx,
+        threads = config.threads,
+        load_ms = started.elapsed().as_millis() as u64,
+        "ready"
+    );
+    engine_tx.send_replace(Some(engine.clone()));
+
+    shutdown.await;
+    tracing::info!(
+        deadline_s = config.shutdown_timeout.as_secs(),
+        "shutting down: no new connections, draining in-flight requests"
+    );
+    stop_tx.send_replace(true);
+    let graceful = match server.await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(error = %e, "server task failed");
+            engine.shutdown();
+            return Ok(());
+        }
+    };
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    tokio::select! {
+        () = &mut drained => tracing::info!("all requests finished"),
+        () = tokio::time::sleep(config.shutdown_timeout) => {
+            tracing::warn!("drain deadline passed; cancelling remaining requests");
+            engine.shutdown();
+            if tokio::time::timeout(CANCEL_GRACE, &mut drained).await.is_err() {
+                tracing::warn!("some connections did not close in time");
+            }
+        }
+    }
+    engine.shutdown();
+    Ok(())
+}
+
+fn load_engine(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Engine, EngineError> {
+    let t0 = Instant::now();
+    let model = Arc::new(LoadedModel::load(&config.model, config.model_id.clone())?);
+    tracing::info!(
+        path = %config.model.display(),
+        size_bytes = model.info().size_bytes,
+        ms = t0.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    Engine::start(
+        model,
+        EngineConfig {
+            slots: config.slots,
+            queue: config.queue,
+            ctx: config.ctx,
+            threads: config.threads,
+            queue_timeout: config.queue_timeout,
+            prefill_chunk: PREFILL_CHUNK,
+        },
+        metrics,
+    )
+}

@@ -1,0 +1,530 @@
+//! Validation: turns a wire request into a [`ValidRequest`]. An invalid request never
+//! reaches the scheduler, and every message names the field at fault.
+
+use serde::de::DeserializeOwned;
+
+use crate::engine::model::ChatTurn;
+use crate::engine::SamplingParams;
+use crate::http::wire::{
+    ChatCompletionRequest, CompletionRequest, MessageContent, PromptField, StopField,
+    StreamOptions, WireSampling,
+};
+
+/// Most stop sequences per request, and their longest length in bytes.
+const MAX_STOPS: usize = 16;
+const MAX_STOP_BYTES: usize = 512;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum InvalidRequest {
+    #[error("We could not parse the JSON body of your request: {0}")]
+    Json(String),
+    #[error("`{param}` {message}")]
+    Field { param: String, message: String },
+}
+
+impl InvalidRequest {
+    fn field(param: &str, message: impl Into<String>) -> Self {
+        Self::Field {
+            param: param.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What to generate from: chat turns to render, or a raw prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Chat(Vec<ChatTurn>),
+    Text(String),
+}
+
+/// A request that passed every check the wire allows; the context-length check follows
+/// tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: Option<String>,
+    pub input: Input,
+    /// `None`: up to the end of the slot's context.
+    pub max_tokens: Option<u32>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+}
+
+/// Parses a JSON body, naming the offending field on a type error.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, InvalidRequest> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let result: Result<T, _> = serde_path_to_error::deserialize(de);
+    let err = match result {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = err.path().to_string();
+    let inner = err.into_inner();
+    match inner.classify() {
+        serde_json::error::Category::Data if path != "." => Err(InvalidRequest::field(
+            &path,
+            format!("has the wrong type or value: {}", strip_position(&inner)),
+        )),
+        serde_json::error::Category::Data => {
+            let msg = strip_position(&inner);
+            // serde reports a missing field at the root path; name the field itself.
+            match msg
+                .strip_prefix("missing field `")
+                .and_then(|r| r.split('`').next())
+            {
+                Some(field) => Err(InvalidRequest::field(field, "is required")),
+                None => Err(InvalidRequest::Json(format!(
+                    "the body must be a JSON object ({msg})"
+                ))),
+            }
+        }
+        _ => Err(InvalidRequest::Json(inner.to_string())),
+    }
+}
+
+fn strip_position(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.find(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
+    check_n(req.n)?;
+    if req.messages.is_empty() {
+        return Err(InvalidRequest::field(
+            "messages",
+            "must contain at least one message",
+        ));
+    }
+    let mut turns = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" => "tool",
+            other => {
+                return Err(InvalidRequest::field(
+                    &format!("messages[{i}].role"),
+                    format!(
+                        "must be one of system, developer, user, assistant, tool (got `{other}`)"
+                    ),
+                ))
+            }
+        };
+        let content = match m.content {
+            None if role == "assistant" => String::new(),
+            None => {
+                return Err(InvalidRequest::field(
+                    &format!("messages[{i}].content"),
+                    "is required",
+                ))
+            }
+            Some(MessageContent::Text(t)) => t,
+            Some(MessageContent::Parts(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.into_iter().enumerate() {
+                    if p.kind != "text" {
+                        return Err(InvalidRequest::field(
+                            &format!("messages[{i}].content[{j}].type"),
+                            format!("`{}` is not supported; only `text` parts are", p.kind),
+                        ));
+                    }
+                    match p.text {
+                        Some(t) => text.push_str(&t),
+                        None => {
+                            return Err(InvalidRequest::field(
+                                &format!("messages[{i}].content[{j}].text"),
+                                "is required",
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        if content.contains('\0') {
+            return Err(InvalidRequest::field(
+                &format!("messages[{i}].content"),
+                "must not contain NUL characters",
+            ));
+        }
+        turns.push(ChatTurn {
+            role: role.to_string(),
+            content,
+        });
+    }
+    let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(n), _) => Some(check_max_tokens("max_completion_tokens", n)?),
+        (None, Some(n)) => Some(check_max_tokens("max_tokens", n)?),
+        (None, None) => None,
+    };
+    let stream = req.stream.unwrap_or(false);
+    Ok(ValidRequest {
+        model: req.model,
+        input: Input::Chat(turns),
+        max_tokens,
+        sampling: sampling(&req.sampling)?,
+        stop: stops(req.stop)?,
+        include_usage: stream_usage(stream, req.stream_options)?,
+        stream,
+        echo: false,
+    })
+}
+
+pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
+    check_n(req.n)?;
+    let prompt = match req.prompt {
+        PromptField::One(p) => p,
+        PromptField::Many(mut v) if v.len() == 1 => v.remove(0),
+        PromptField::Many(_) => {
+            return Err(InvalidRequest::field(
+                "prompt",
+                "must be a string or a list of exactly one string",
+            ))
+        }
+    };
+    if prompt.is_empty() {
+        return Err(InvalidRequest::field("prompt", "must not be empty"));
+    }
+    if prompt.contains('\0') {
+        return Err(InvalidRequest::field(
+            "prompt",
+            "must not contain NUL characters",
+        ));
+    }
+    // The legacy endpoint's default, as OpenAI documents it.
+    let max_tokens = check_max_tokens("max_tokens", req.max_tokens.unwrap_or(16))?;
+    let stream = req.stream.unwrap_or(false);
+    Ok(ValidRequest {
+        model: req.model,
+        input: Input::Text(prompt),
+        max_tokens: Some(max_tokens),
+        sampling: sampling(&req.sampling)?,
+        stop: stops(req.stop)?,
+        include_usage: stream_usage(stream, req.stream_options)?,
+        stream,
+        echo: req.echo.unwrap_or(false),
+    })
+}
+
+fn check_n(n: Option<u32>) -> Result<(), InvalidRequest> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(0) => Err(InvalidRequest::field("n", "must be at least 1")),
+        Some(_) => Err(InvalidRequest::field(
+            "n",
+            "greater than 1 is not supported by this server; send separate requests",
+        )),
+    }
+}
+
+fn check_max_tokens(param: &str, n: u32) -> Result<u32, InvalidRequest> {
+    if n == 0 {
+        return Err(InvalidRequest::field(param, "must be at least 1"));
+    }
+    Ok(n)
+}
+
+fn stream_usage(stream: bool, opts: Option<StreamOptions>) -> Result<bool, InvalidRequest> {
+    match opts {
+        None => Ok(false),
+        Some(_) if !stream => Err(InvalidRequest::field(
+            "stream_options",
+            "is only allowed when `stream` is true",
+        )),
+        Some(o) => Ok(o.include_usage.unwrap_or(false)),
+    }
+}
+
+fn stops(stop: Option<StopField>) -> Result<Vec<String>, InvalidRequest> {
+    let list = match stop {
+        None => return Ok(Vec::new()),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) => v,
+    };
+    if list.len() > MAX_STOPS {
+        return Err(InvalidRequest::field(
+            "stop",
+            format!("may hold at most {MAX_STOPS} sequences"),
+        ));
+    }
+    for s in &list {
+        if s.is_empty() {
+            return Err(InvalidRequest::field(
+                "stop",
+                "must not contain empty strings",
+            ));
+        }
+        if s.len() > MAX_STOP_BYTES {
+            return Err(InvalidRequest::field(
+                "stop",
+                format!("sequences must be at most {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+    }
+    Ok(list)
+}
+
+fn sampling(w: &WireSampling) -> Result<SamplingParams, InvalidRequest> {
+    let d = SamplingParams::default();
+    let temperature = in_range("temperature", w.temperature, d.temperature, 0.0, 2.0)?;
+    let top_p = w.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(InvalidRequest::field("top_p", "must be in (0, 1]"));
+    }
+    let top_k = w.top_k.unwrap_or(d.top_k);
+    if top_k < 0 {
+        return Err(InvalidRequest::field(
+            "top_k",
+            "must be 0 (disabled) or positive",
+        ));
+    }
+    let min_p = in_range("min_p", w.min_p, d.min_p, 0.0, 1.0)?;
+    let presence_penalty = in_range(
+        "presence_penalty",
+        w.presence_penalty,
+        d.presence_penalty,
+        -2.0,
+        2.0,
+    )?;
+    let frequency_penalty = in_range(
+        "frequency_penalty",
+        w.frequency_penalty,
+        d.frequency_penalty,
+        -2.0,
+        2.0,
+    )?;
+    // Only the low 32 bits reach llama.cpp's sampler; without a seed every request differs.
+    let seed = match w.seed {
+        Some(s) => s as u64 as u32,
+        None => rand::random(),
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+    })
+}
+
+fn in_range(
+    param: &str,
+    v: Option<f32>,
+    default: f32,
+    lo: f32,
+    hi: f32,
+) -> Result<f32, InvalidRequest> {
+    let v = v.unwrap_or(default);
+    if !(v.is_finite() && (lo..=hi).contains(&v)) {
+        return Err(InvalidRequest::field(
+            param,
+            format!("must be between {lo} and {hi}"),
+        ));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_json(body: &str) -> Result<ValidRequest, InvalidRequest> {
+        chat(parse_json(body.as_bytes())?)
+    }
+
+    fn param_of(r: Result<ValidRequest, InvalidRequest>) -> String {
+        match r {
+            Err(InvalidRequest::Field { param, .. }) => param,
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    const HELLO: &str = r#""messages":[{"role":"user","content":"hi"}]"#;
+
+    #[test]
+    fn minimal_chat_is_valid_with_openai_defaults() {
+        let r = chat_json(&format!("{{{HELLO}}}")).expect("valid");
+        assert_eq!(r.max_tokens, None);
+        assert_eq!(r.sampling.temperature, 1.0);
+        assert!(!r.stream);
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![ChatTurn {
+                role: "user".into(),
+                content: "hi".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn malformed_json_is_a_json_error() {
+        assert!(matches!(
+            chat_json("{\"messages\":"),
+            Err(InvalidRequest::Json(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_type_names_the_field() {
+        assert_eq!(
+            param_of(chat_json(&format!(r#"{{{HELLO},"max_tokens":"ten"}}"#))),
+            "max_tokens"
+        );
+        assert_eq!(
+            param_of(chat_json(&format!(r#"{{{HELLO},"temperature":"hot"}}"#))),
+            "temperature"
+        );
+        assert_eq!(
+            param_of(chat_json(r#"{"messages":[{"role":"user","content":5}]}"#)),
+            "messages[0].content"
+        );
+    }
+
+    #[test]
+    fn missing_messages_names_the_field() {
+        assert_eq!(param_of(chat_json("{}")), "messages");
+    }
+
+    #[test]
+    fn empty_messages_are_rejected() {
+        assert_eq!(param_of(chat_json(r#"{"messages":[]}"#)), "messages");
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        assert!(chat_json(&format!(
+            r#"{{{HELLO},"logit_bias":{{}},"user":"u1","foo":1}}"#
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected() {
+        for (field, value) in [
+            ("temperature", "2.5"),
+            ("top_p", "0"),
+            ("top_p", "1.5"),
+            ("top_k", "-1"),
+            ("min_p", "1.5"),
+            ("presence_penalty", "3"),
+            ("frequency_penalty", "-3"),
+            ("max_tokens", "0"),
+            ("n", "2"),
+        ] {
+            let body = format!(r#"{{{HELLO},"{field}":{value}}}"#);
+            assert_eq!(param_of(chat_json(&body)), field, "{body}");
+        }
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let r = chat_json(&format!(
+            r#"{{{HELLO},"max_tokens":5,"max_completion_tokens":9}}"#
+        ))
+        .expect("valid");
+        assert_eq!(r.max_tokens, Some(9));
+    }
+
+    #[test]
+    fn stop_accepts_a_string_or_a_list() {
+        let one = chat_json(&format!(r#"{{{HELLO},"stop":"x"}}"#)).expect("valid");
+        assert_eq!(one.stop, vec!["x"]);
+        let many = chat_json(&format!(r#"{{{HELLO},"stop":["a","b"]}}"#)).expect("valid");
+        assert_eq!(many.stop, vec!["a", "b"]);
+        assert_eq!(
+            param_of(chat_json(&format!(r#"{{{HELLO},"stop":[""]}}"#))),
+            "stop"
+        );
+    }
+
+    #[test]
+    fn stream_options_need_stream() {
+        assert_eq!(
+            param_of(chat_json(&format!(
+                r#"{{{HELLO},"stream_options":{{"include_usage":true}}}}"#
+            ))),
+            "stream_options"
+        );
+        let r = chat_json(&format!(
+            r#"{{{HELLO},"stream":true,"stream_options":{{"include_usage":true}}}}"#
+        ))
+        .expect("valid");
+        assert!(r.include_usage);
+    }
+
+    #[test]
+    fn unknown_role_is_rejected() {
+        assert_eq!(
+            param_of(chat_json(
+                r#"{"messages":[{"role":"wizard","content":"hi"}]}"#
+            )),
+            "messages[0].role"
+        );
+    }
+
+    #[test]
+    fn developer_role_maps_to_system_and_text_parts_are_joined() {
+        let r = chat_json(
+            r#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![ChatTurn {
+                role: "system".into(),
+                content: "ab".into()
+            }])
+        );
+    }
+
+    #[test]
+    fn image_parts_are_refused() {
+        assert_eq!(
+            param_of(chat_json(
+                r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#
+            )),
+            "messages[0].content[0].type"
+        );
+    }
+
+    #[test]
+    fn seed_is_reproducible_and_absent_seed_is_random() {
+        let a = chat_json(&format!(r#"{{{HELLO},"seed":42}}"#)).expect("valid");
+        let b = chat_json(&format!(r#"{{{HELLO},"seed":42}}"#)).expect("valid");
+        assert_eq!(a.sampling.seed, b.sampling.seed);
+        let seeds: std::collections::HashSet<u32> = (0..8)
+            .map(|_| {
+                chat_json(&format!("{{{HELLO}}}"))
+                    .expect("valid")
+                    .sampling
+                    .seed
+            })
+            .collect();
+        assert!(seeds.len() > 1);
+    }
+
+    #[test]
+    fn completion_defaults_to_sixteen_tokens_and_accepts_a_one_item_list() {
+        let r = completion(parse_json(br#"{"prompt":["Once"]}"#).expect("json")).expect("valid");
+        assert_eq!(r.max_tokens, Some(16));
+        assert_eq!(r.input, Input::Text("Once".into()));
+        let two = completion(parse_json(br#"{"prompt":["a","b"]}"#).expect("json"));
+        assert_eq!(param_of(two), "prompt");
+        let empty = completion(parse_json(br#"{"prompt":""}"#).expect("json"));
+        assert_eq!(param_of(empty), "prompt");
+    }
+
+    #[test]
+    fn non_object_body_is_a_json_error() {
+        assert!(matches!(chat_json("[1,2]"), Err(InvalidRequest::Json(_))));
+    }
+}
