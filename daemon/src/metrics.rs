@@ -96,6 +96,9 @@ const TOKEN_BUCKETS: &[f64] = &[
 ];
 const REQUEST_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
+/// Renders series owned by another subsystem.
+type Source = Box<dyn Fn(&mut String) + Send + Sync>;
+
 /// Every series the daemon exports.
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
@@ -108,7 +111,7 @@ pub struct Metrics {
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
     /// Extra text appended by other subsystems (memory ledger, thermal) at render time.
-    extra: Mutex<Vec<Box<dyn Fn(&mut String) + Send + Sync>>>,
+    extra: Mutex<Vec<Source>>,
 }
 
 impl Default for Metrics {

@@ -55,6 +55,13 @@ pub struct ValidRequest {
 
 /// Parses a JSON body, naming the offending field on a type error.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, InvalidRequest> {
+    // serde would happily read a struct from a JSON array; requests are objects.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') {
+        return Err(InvalidRequest::Json(
+            "the body must be a JSON object".to_string(),
+        ));
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     let result: Result<T, _> = serde_path_to_error::deserialize(de);
     let err = match result {
@@ -95,6 +102,7 @@ fn strip_position(e: &serde_json::Error) -> String {
 
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
+    let sampling = sampling(&req.sampling())?;
     if req.messages.is_empty() {
         return Err(InvalidRequest::field(
             "messages",
@@ -169,7 +177,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         model: req.model,
         input: Input::Chat(turns),
         max_tokens,
-        sampling: sampling(&req.sampling)?,
+        sampling,
         stop: stops(req.stop)?,
         include_usage: stream_usage(stream, req.stream_options)?,
         stream,
@@ -179,6 +187,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
 
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
+    let sampling = sampling(&req.sampling())?;
     let prompt = match req.prompt {
         PromptField::One(p) => p,
         PromptField::Many(mut v) if v.len() == 1 => v.remove(0),
@@ -205,7 +214,7 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         model: req.model,
         input: Input::Text(prompt),
         max_tokens: Some(max_tokens),
-        sampling: sampling(&req.sampling)?,
+        sampling,
         stop: stops(req.stop)?,
         include_usage: stream_usage(stream, req.stream_options)?,
         stream,

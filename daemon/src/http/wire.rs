@@ -11,8 +11,13 @@ pub struct ChatCompletionRequest {
     pub messages: Vec<WireMessage>,
     pub max_tokens: Option<u32>,
     pub max_completion_tokens: Option<u32>,
-    #[serde(flatten)]
-    pub sampling: WireSampling,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub stream: Option<bool>,
@@ -24,8 +29,13 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptField,
     pub max_tokens: Option<u32>,
-    #[serde(flatten)]
-    pub sampling: WireSampling,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub echo: Option<bool>,
@@ -33,8 +43,10 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
 }
 
-/// Sampling fields shared by both generation routes.
-#[derive(Debug, Default, Deserialize)]
+/// Sampling fields shared by both generation routes. They are repeated in each request
+/// type rather than `#[serde(flatten)]`ed, because flattening loses the field path that
+/// type errors must name.
+#[derive(Debug, Default)]
 pub struct WireSampling {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -43,6 +55,32 @@ pub struct WireSampling {
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+}
+
+macro_rules! sampling_of {
+    ($req:expr) => {
+        WireSampling {
+            temperature: $req.temperature,
+            top_p: $req.top_p,
+            top_k: $req.top_k,
+            min_p: $req.min_p,
+            seed: $req.seed,
+            presence_penalty: $req.presence_penalty,
+            frequency_penalty: $req.frequency_penalty,
+        }
+    };
+}
+
+impl ChatCompletionRequest {
+    pub fn sampling(&self) -> WireSampling {
+        sampling_of!(self)
+    }
+}
+
+impl CompletionRequest {
+    pub fn sampling(&self) -> WireSampling {
+        sampling_of!(self)
+    }
 }
 
 #[derive(Debug, Deserialize)]
