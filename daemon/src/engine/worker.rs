@@ -274,7 +274,7 @@ impl Worker<'_> {
             match outcome {
                 Outcome::Continue => {}
                 Outcome::Finished(reason) => self.finish(slot, reason),
-                Outcome::ClientGone => self.free(slot, "client disconnected"),
+                Outcome::ClientGone => self.cancel(slot),
             }
         }
     }
@@ -381,10 +381,15 @@ impl Worker<'_> {
                 .as_ref()
                 .is_some_and(|s| s.events.is_closed());
             if gone {
-                self.metrics.cancelled_total.inc();
-                self.free(slot, "client disconnected");
+                self.cancel(slot);
             }
         }
+    }
+
+    /// The client left: stop decoding for it right away.
+    fn cancel(&mut self, slot: usize) {
+        self.metrics.cancelled_total.inc();
+        self.free(slot, "client disconnected");
     }
 
     fn cancel_all(&mut self) {
