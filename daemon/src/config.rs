@@ -85,6 +85,23 @@ pub struct ServeLayer {
     /// Time allowed to receive request headers and body, in seconds.
     #[arg(long)]
     pub read_timeout_secs: Option<u64>,
+    /// Manifest pinning the weights' SHA-256 and size; mismatches refuse to start (exit 3).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Writable directory for state such as the verified-weights cache.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Memory the daemon may use, in MiB (the tightest of this, the cgroup limit and
+    /// MemAvailable applies).
+    #[arg(long)]
+    pub memory_budget_mb: Option<u64>,
+    /// Safety margin added to the ledger, in MiB (default: 5%, at least 16 MiB).
+    #[arg(long)]
+    pub memory_margin_mb: Option<u64>,
+    /// KV cells shared by all slots (default slots × ctx). Fewer oversubscribes the slots:
+    /// requests then also wait for free cells.
+    #[arg(long)]
+    pub kv_cells: Option<u32>,
 }
 
 impl ServeLayer {
@@ -105,6 +122,11 @@ impl ServeLayer {
             shutdown_timeout_secs: other.shutdown_timeout_secs.or(self.shutdown_timeout_secs),
             max_body_bytes: other.max_body_bytes.or(self.max_body_bytes),
             read_timeout_secs: other.read_timeout_secs.or(self.read_timeout_secs),
+            manifest: other.manifest.or(self.manifest),
+            state_dir: other.state_dir.or(self.state_dir),
+            memory_budget_mb: other.memory_budget_mb.or(self.memory_budget_mb),
+            memory_margin_mb: other.memory_margin_mb.or(self.memory_margin_mb),
+            kv_cells: other.kv_cells.or(self.kv_cells),
         }
     }
 
@@ -147,6 +169,11 @@ impl ServeLayer {
             shutdown_timeout_secs: parse(&get, "INFERLOOP_SHUTDOWN_TIMEOUT")?,
             max_body_bytes: parse(&get, "INFERLOOP_MAX_BODY_BYTES")?,
             read_timeout_secs: parse(&get, "INFERLOOP_READ_TIMEOUT_SECS")?,
+            manifest: get("INFERLOOP_MANIFEST").map(PathBuf::from),
+            state_dir: get("INFERLOOP_STATE_DIR").map(PathBuf::from),
+            memory_budget_mb: parse(&get, "INFERLOOP_MEMORY_BUDGET_MB")?,
+            memory_margin_mb: parse(&get, "INFERLOOP_MEMORY_MARGIN_MB")?,
+            kv_cells: parse(&get, "INFERLOOP_KV_CELLS")?,
         })
     }
 
@@ -165,8 +192,15 @@ impl ServeLayer {
 /// Final, checked settings.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// The weights to serve. Without `--model`, the manifest's path, else [`DEFAULT_MODEL`].
     pub model: PathBuf,
     pub model_id: String,
+    pub manifest: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub memory_budget: Option<u64>,
+    pub memory_margin: Option<u64>,
+    /// KV cells for all slots together.
+    pub kv_cells: u32,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -196,7 +230,11 @@ impl ServeConfig {
             field,
             message: message.to_string(),
         };
-        let model = l.model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+        let model = match (l.model, &l.manifest) {
+            (Some(m), _) => m,
+            (None, Some(manifest)) => pinned_model_path(manifest),
+            (None, None) => PathBuf::from(DEFAULT_MODEL),
+        };
         let model_id = match l.model_id {
             Some(id) if id.trim().is_empty() => {
                 return Err(invalid("model_id", "must not be empty"))
@@ -230,6 +268,17 @@ impl ServeConfig {
         if !host.is_loopback() && api_key.is_none() && !l.insecure_no_auth.unwrap_or(false) {
             return Err(ConfigError::UnauthenticatedBind { host });
         }
+        let full = (slots as u64 * ctx as u64).min(u32::MAX as u64) as u32;
+        let kv_cells = l.kv_cells.unwrap_or(full);
+        if kv_cells < ctx || kv_cells > full {
+            return Err(invalid(
+                "kv_cells",
+                &format!("must be between ctx ({ctx}) and slots x ctx ({full})"),
+            ));
+        }
+        if l.memory_budget_mb == Some(0) {
+            return Err(invalid("memory_budget_mb", "must be positive"));
+        }
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));
@@ -237,6 +286,11 @@ impl ServeConfig {
         Ok(Self {
             model,
             model_id,
+            manifest: l.manifest,
+            state_dir: l.state_dir,
+            memory_budget: l.memory_budget_mb.map(|mb| mb << 20),
+            memory_margin: l.memory_margin_mb.map(|mb| mb << 20),
+            kv_cells,
             host,
             port: l.port.unwrap_or(8080),
             slots,
@@ -249,6 +303,16 @@ impl ServeConfig {
             max_body_bytes,
             read_timeout: Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
         })
+    }
+}
+
+/// The weights path a manifest pins, for when no `--model` is given. Only the path is read
+/// here; the integrity checks (exit 3) run at boot.
+fn pinned_model_path(manifest: &Path) -> PathBuf {
+    match inferloop_manifest::Manifest::load(manifest) {
+        Ok(loaded) => loaded.manifest.model_path(manifest),
+        // The boot gate reports a broken manifest with its own exit code.
+        Err(_) => PathBuf::from(DEFAULT_MODEL),
     }
 }
 

@@ -1,19 +1,24 @@
 //! `inferloopd`: an OpenAI-compatible LLM server for edge boxes, on llama.cpp.
 //!
 //! # Layout
+//! - [`boot`]: the gates before load: weights vs manifest (exit 3), memory ledger (exit 1).
 //! - [`config`]: serve settings from file, flags and environment, checked as a whole.
 //! - [`http`]: routes, OpenAI wire types, errors, SSE; nothing below it knows HTTP.
 //! - [`validate`]: wire request → [`validate::ValidRequest`]; bad input stops here.
 //! - [`engine`]: the loaded model, the scheduler state and the decode thread
 //!   (continuous batching over one llama.cpp context).
+//! - [`ledger`]: the memory ledger (GGUF header → bytes per term) and the limits it
+//!   is checked against (cgroup v1/v2, MemAvailable, budget).
 //! - [`metrics`]: Prometheus series.
 //! - [`server`]: the process lifecycle: bind, load, ready, drain on shutdown.
 //! - [`exit`]: the documented exit codes.
 
+pub mod boot;
 pub mod config;
 pub mod engine;
 pub mod exit;
 pub mod http;
+pub mod ledger;
 pub mod metrics;
 pub mod server;
 pub mod validate;

@@ -24,6 +24,18 @@ struct Cli {
 enum Command {
     /// Load the model and serve the HTTP API.
     Serve(ServeArgs),
+    /// Print the memory ledger and the admission decision without loading the weights
+    /// (exit 0 fits, 1 refused).
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -40,6 +52,7 @@ fn main() -> ProcessExit {
     init_logging();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
     }
     .into()
 }
@@ -63,6 +76,14 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    let boot = match inferloopd::boot::run_gates(&config) {
+        Ok(passed) => passed,
+        Err(e) => {
+            let code = e.exit_code();
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            return code;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("inferloop-io")
@@ -74,13 +95,46 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    match runtime.block_on(inferloopd::server::run(config, shutdown_signal())) {
+    match runtime.block_on(inferloopd::server::run(config, boot, shutdown_signal())) {
         Ok(()) => ExitCode::Clean,
         Err(e) => {
             let code = e.exit_code();
             tracing::error!("{:#}", anyhow::Error::from(e));
             code
         }
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let config = match resolve(args.serve) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            return ExitCode::Usage;
+        }
+    };
+    let decision = match inferloopd::boot::check_memory(&config, std::path::Path::new("/")) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::ModelLoad;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&decision) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                tracing::error!("cannot serialize the ledger: {e}");
+                return ExitCode::Usage;
+            }
+        }
+    } else {
+        print!("{}", decision.table());
+    }
+    if decision.fits {
+        ExitCode::Clean
+    } else {
+        ExitCode::MemoryRefused
     }
 }
 

@@ -104,6 +104,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     pub active_slots: Gauge,
     pub queue_depth: Gauge,
+    pub kv_reserved_cells: Gauge,
     pub prompt_tokens_total: Counter,
     pub generated_tokens_total: Counter,
     pub cancelled_total: Counter,
@@ -120,6 +121,7 @@ impl Default for Metrics {
             requests: Mutex::default(),
             active_slots: Gauge::default(),
             queue_depth: Gauge::default(),
+            kv_reserved_cells: Gauge::default(),
             prompt_tokens_total: Counter::default(),
             generated_tokens_total: Counter::default(),
             cancelled_total: Counter::default(),
@@ -186,6 +188,12 @@ impl Metrics {
             "inferloop_queue_depth",
             "Requests waiting for a slot.",
             self.queue_depth.get(),
+        );
+        gauge(
+            &mut out,
+            "inferloop_kv_reserved_cells",
+            "KV cells reserved by running requests.",
+            self.kv_reserved_cells.get(),
         );
         counter(
             &mut out,

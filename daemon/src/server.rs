@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::boot::Passed;
 use crate::config::ServeConfig;
 use crate::engine::{Engine, EngineConfig, EngineError, LoadedModel};
 use crate::exit::ExitCode;
@@ -42,9 +43,10 @@ impl ServeError {
     }
 }
 
-/// Runs the daemon until `shutdown` resolves.
+/// Runs the daemon until `shutdown` resolves. The boot gates have passed already.
 pub async fn run(
     config: ServeConfig,
+    boot: Passed,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let started = Instant::now();
@@ -57,12 +59,18 @@ pub async fn run(
 
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
+    let boot = Arc::new(boot);
+    register_memory_metrics(&metrics, boot.clone());
+    if boot.pinned_sha256.is_none() {
+        log_weights_sha(&config);
+    }
     let (engine_tx, engine_rx) = watch::channel(None);
     let app = http::router(AppState {
         config: config.clone(),
         metrics: metrics.clone(),
         engine: engine_rx,
         started,
+        boot,
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(
@@ -156,10 +164,38 @@ fn load_engine(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Engine, En
             slots: config.slots,
             queue: config.queue,
             ctx: config.ctx,
+            kv_cells: config.kv_cells,
             threads: config.threads,
             queue_timeout: config.queue_timeout,
             prefill_chunk: PREFILL_CHUNK,
         },
         metrics,
     )
+}
+
+fn register_memory_metrics(metrics: &Metrics, boot: Arc<Passed>) {
+    metrics.add_source(move |out| {
+        boot.decision.render_metrics(out);
+        if let Some(rss) = crate::ledger::rss_bytes() {
+            out.push_str("# HELP inferloop_memory_rss_bytes Resident set size of the daemon.\n");
+            out.push_str("# TYPE inferloop_memory_rss_bytes gauge\n");
+            out.push_str(&format!("inferloop_memory_rss_bytes {rss}\n"));
+        }
+    });
+}
+
+/// Without a manifest nothing vouches for the weights; log their SHA-256 (off the serving
+/// path) so the user can pin it.
+fn log_weights_sha(config: &ServeConfig) {
+    let path = config.model.clone();
+    std::thread::spawn(
+        move || match inferloop_manifest::verify::hash_with_progress(&path) {
+            Ok(sha) => tracing::info!(
+                path = %path.display(),
+                sha256 = %sha,
+                "weights are not pinned by a manifest; pin this SHA-256 with --manifest"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot hash the weights"),
+        },
+    );
 }

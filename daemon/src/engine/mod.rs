@@ -137,6 +137,8 @@ pub enum Event {
 pub struct Load {
     pub active: usize,
     pub queued: usize,
+    /// KV cells reserved by running requests (prompt + max_tokens each).
+    pub kv_reserved: u64,
 }
 
 enum Command {
@@ -155,6 +157,8 @@ pub struct EngineConfig {
     pub queue: usize,
     /// Context length of each slot.
     pub ctx: u32,
+    /// KV cells for all slots together; below `slots × ctx` the slots share one pool.
+    pub kv_cells: u32,
     pub threads: i32,
     pub queue_timeout: Duration,
     /// Most prompt tokens evaluated in one step, so running streams keep flowing during a

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 /// Anything that can wait in the queue; `is_gone` is true once its client has left.
 pub trait Waiter {
     fn is_gone(&self) -> bool;
+    /// KV cells the job may fill: prompt + max_tokens.
+    fn kv_cells(&self) -> u64;
 }
 
 /// Why a job was not queued.
@@ -23,9 +25,12 @@ struct Queued<J> {
     since: Instant,
 }
 
-/// Slots and the FIFO queue in front of them.
+/// Slots and the FIFO queue in front of them, plus the KV cells each running job reserved.
 pub struct State<J> {
     busy: Vec<bool>,
+    /// Cells reserved per slot (0 when idle).
+    reserved: Vec<u64>,
+    kv_capacity: u64,
     /// Admission cap below `busy.len()`, lowered e.g. when the board runs hot.
     max_active: usize,
     queue: VecDeque<Queued<J>>,
@@ -34,9 +39,16 @@ pub struct State<J> {
 }
 
 impl<J: Waiter> State<J> {
-    pub fn new(slots: usize, queue_capacity: usize, queue_timeout: Duration) -> Self {
+    pub fn new(
+        slots: usize,
+        queue_capacity: usize,
+        queue_timeout: Duration,
+        kv_capacity: u64,
+    ) -> Self {
         Self {
             busy: vec![false; slots],
+            reserved: vec![0; slots],
+            kv_capacity,
             max_active: slots,
             queue: VecDeque::new(),
             queue_capacity,
@@ -60,6 +72,11 @@ impl<J: Waiter> State<J> {
         self.queue_capacity
     }
 
+    /// KV cells reserved by running jobs.
+    pub fn kv_reserved(&self) -> u64 {
+        self.reserved.iter().sum()
+    }
+
     /// Limits how many slots may be busy at once (clamped to 1..=slots).
     pub fn set_max_active(&mut self, n: usize) {
         self.max_active = n.clamp(1, self.busy.len());
@@ -67,7 +84,8 @@ impl<J: Waiter> State<J> {
 
     /// Accepts a job if it can start now or the queue has room.
     pub fn offer(&mut self, job: J, now: Instant) -> Result<(), (Rejected, J)> {
-        let can_start_now = self.queue.is_empty() && self.free_slot().is_some();
+        let can_start_now =
+            self.queue.is_empty() && self.free_slot().is_some() && self.kv_fits(job.kv_cells());
         if !can_start_now && self.queue.len() >= self.queue_capacity {
             return Err((
                 Rejected::QueueFull {
@@ -98,14 +116,22 @@ impl<J: Waiter> State<J> {
         before - self.queue.len()
     }
 
-    /// Moves the oldest live waiter into a free slot. Waiters that left are discarded on the way.
+    /// Moves the oldest live waiter into a free slot if its KV cells are free too. Waiters
+    /// that left are discarded on the way; a waiter short of cells blocks those behind it,
+    /// so big requests are not starved by small ones.
     pub fn admit(&mut self, now: Instant) -> Option<Admitted<J>> {
         let slot = self.free_slot()?;
-        while let Some(q) = self.queue.pop_front() {
-            if q.job.is_gone() {
+        while let Some(front) = self.queue.front() {
+            if front.job.is_gone() {
+                self.queue.pop_front();
                 continue;
             }
+            if !self.kv_fits(front.job.kv_cells()) {
+                return None;
+            }
+            let q = self.queue.pop_front()?;
             self.busy[slot] = true;
+            self.reserved[slot] = q.job.kv_cells();
             return Some(Admitted {
                 slot,
                 job: q.job,
@@ -120,11 +146,18 @@ impl<J: Waiter> State<J> {
         if let Some(b) = self.busy.get_mut(slot) {
             *b = false;
         }
+        if let Some(r) = self.reserved.get_mut(slot) {
+            *r = 0;
+        }
     }
 
     /// Empties the queue (shutdown), returning the waiters so they can be told.
     pub fn drain_queue(&mut self) -> Vec<J> {
         self.queue.drain(..).map(|q| q.job).collect()
+    }
+
+    fn kv_fits(&self, cells: u64) -> bool {
+        self.kv_reserved() + cells <= self.kv_capacity
     }
 
     fn free_slot(&self) -> Option<usize> {
@@ -151,13 +184,18 @@ mod tests {
     #[derive(Clone)]
     struct Job {
         id: u32,
+        cells: u64,
         gone: Rc<Cell<bool>>,
     }
 
     impl Job {
         fn new(id: u32) -> Self {
+            Self::sized(id, 10)
+        }
+        fn sized(id: u32, cells: u64) -> Self {
             Self {
                 id,
+                cells,
                 gone: Rc::new(Cell::new(false)),
             }
         }
@@ -167,10 +205,45 @@ mod tests {
         fn is_gone(&self) -> bool {
             self.gone.get()
         }
+        fn kv_cells(&self) -> u64 {
+            self.cells
+        }
     }
 
     fn state(slots: usize, queue: usize) -> State<Job> {
-        State::new(slots, queue, Duration::from_secs(10))
+        State::new(slots, queue, Duration::from_secs(10), 1_000_000)
+    }
+
+    #[test]
+    fn head_of_queue_waits_for_kv_cells_without_being_overtaken() {
+        let now = Instant::now();
+        let mut s: State<Job> = State::new(4, 8, Duration::from_secs(10), 1000);
+        s.offer(Job::sized(0, 600), now).ok();
+        let first = s.admit(now).expect("fits");
+        s.offer(Job::sized(1, 600), now).ok();
+        s.offer(Job::sized(2, 100), now).ok();
+        assert!(
+            s.admit(now).is_none(),
+            "600 more cells do not fit; 100 must not overtake"
+        );
+        assert_eq!(s.kv_reserved(), 600);
+        s.release(first.slot);
+        assert_eq!(s.kv_reserved(), 0);
+        assert_eq!(s.admit(now).map(|a| a.job.id), Some(1));
+        assert_eq!(s.admit(now).map(|a| a.job.id), Some(2));
+        assert_eq!(s.kv_reserved(), 700);
+    }
+
+    #[test]
+    fn waiter_short_of_cells_times_out_like_any_waiter() {
+        let t0 = Instant::now();
+        let mut s: State<Job> = State::new(2, 8, Duration::from_secs(1), 1000);
+        s.offer(Job::sized(0, 900), t0).ok();
+        let _running = s.admit(t0).expect("fits");
+        s.offer(Job::sized(1, 900), t0).ok();
+        assert!(s.admit(t0).is_none());
+        let expired = s.expire(t0 + Duration::from_secs(2));
+        assert_eq!(expired.len(), 1);
     }
 
     #[test]

@@ -37,6 +37,9 @@ impl Waiter for Job {
     fn is_gone(&self) -> bool {
         self.events.is_closed()
     }
+    fn kv_cells(&self) -> u64 {
+        self.request.prompt_tokens.len() as u64 + u64::from(self.request.max_tokens)
+    }
 }
 
 /// One admitted request occupying a slot (= llama.cpp sequence id).
@@ -87,14 +90,17 @@ pub(super) fn run(
     load: Arc<Mutex<Load>>,
 ) {
     let slots = config.slots;
-    let n_ctx = config.ctx.saturating_mul(slots as u32);
+    let full = config.ctx.saturating_mul(slots as u32);
+    // By default each of the `slots` sequences gets its own `ctx` cells (non-unified KV), so
+    // one long request cannot starve the others. With fewer cells the slots share one pool
+    // and the scheduler admits a request only when its cells are free.
+    let shared = config.kv_cells < full;
+    let n_ctx = if shared { config.kv_cells } else { full };
     let batch_capacity = config.prefill_chunk + slots;
-    // Non-unified KV: llama.cpp gives each of the `slots` sequences its own `ctx` cells,
-    // so one long request cannot starve the others of cache.
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
         .with_n_seq_max(slots as u32)
-        .with_kv_unified(false)
+        .with_kv_unified(shared)
         .with_n_batch(batch_capacity as u32)
         .with_n_ubatch(batch_capacity.min(512) as u32)
         .with_n_threads(config.threads)
@@ -115,7 +121,12 @@ pub(super) fn run(
     let mut worker = Worker {
         model: &model,
         ctx,
-        state: State::new(slots, config.queue, config.queue_timeout),
+        state: State::new(
+            slots,
+            config.queue,
+            config.queue_timeout,
+            u64::from(config.kv_cells),
+        ),
         seqs: (0..slots).map(|_| None).collect(),
         batch: LlamaBatch::new(batch_capacity, 1),
         config,
@@ -408,10 +419,16 @@ impl Worker<'_> {
     fn publish_load(&self) {
         let active = self.state.active();
         let queued = self.state.queued();
+        let kv_reserved = self.state.kv_reserved();
         self.metrics.active_slots.set(active as i64);
         self.metrics.queue_depth.set(queued as i64);
+        self.metrics.kv_reserved_cells.set(kv_reserved as i64);
         if let Ok(mut l) = self.load.lock() {
-            *l = Load { active, queued };
+            *l = Load {
+                active,
+                queued,
+                kv_reserved,
+            };
         }
     }
 }

@@ -23,6 +23,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::boot::Passed;
 use crate::config::ServeConfig;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -36,6 +37,8 @@ pub struct AppState {
     /// `None` until the model is loaded and the decode thread runs.
     pub engine: watch::Receiver<Option<Engine>>,
     pub started: Instant,
+    /// What the boot gates established (memory ledger, pinned hashes).
+    pub boot: Arc<Passed>,
 }
 
 impl AppState {

@@ -87,6 +87,25 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "capacity": cfg.queue,
             "timeout_ms": cfg.queue_timeout.as_millis() as u64,
         },
+        "kv": {
+            "cells": cfg.kv_cells,
+            "reserved": load.kv_reserved,
+            "shared": (cfg.kv_cells as usize) < cfg.slots * cfg.ctx as usize,
+        },
+        "memory": {
+            "fits": state.boot.decision.fits,
+            "required_bytes": state.boot.decision.required_bytes,
+            "expected_peak_bytes": state.boot.decision.expected_peak_bytes,
+            "terms": &state.boot.decision.ledger.terms,
+            "limit": &state.boot.decision.limit,
+            "limits": &state.boot.decision.limits,
+            "rss_bytes": crate::ledger::rss_bytes(),
+            "peak_rss_bytes": crate::ledger::peak_rss_bytes(),
+        },
+        "integrity": {
+            "manifest_sha256": &state.boot.manifest_sha256,
+            "weights_sha256": &state.boot.pinned_sha256,
+        },
         "threads": cfg.threads,
         "requests": {
             "generated_tokens_total": state.metrics.generated_tokens_total.get(),

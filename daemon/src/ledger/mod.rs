@@ -1,0 +1,432 @@
+//! The memory ledger: what the configured daemon will need, term by term, computed from the
+//! GGUF header and the settings before anything large is allocated, and the decision against
+//! the tightest limit that applies.
+
+pub mod gguf;
+pub mod limits;
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+pub use gguf::{read_shape, GgufError, ModelShape};
+pub use limits::{read_limits, Limit, LimitSource};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Process memory that is not weights, KV or compute: binary, allocator, async runtime,
+/// llama.cpp's tokenizer tables. Measured with `bench/memory.py` on the default model.
+const OVERHEAD_BASE: u64 = 30 << 20;
+const OVERHEAD_PER_VOCAB_TOKEN: u64 = 160;
+/// KV cache element size (llama.cpp's default f16 K and V).
+const KV_ELEM_BYTES: u64 = 2;
+/// llama.cpp rounds each sequence's context up to this many cells.
+const KV_PAD: u64 = 256;
+
+/// Settings the ledger depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub slots: u64,
+    /// Context of each slot.
+    pub ctx: u64,
+    /// KV cells for all slots together (`slots × ctx` unless oversubscribed).
+    pub kv_cells: u64,
+    /// llama.cpp micro-batch: the widest prefill step.
+    pub n_ubatch: u64,
+    /// Explicit margin; `None` = 5% of the rest, at least 16 MiB.
+    pub margin_bytes: Option<u64>,
+}
+
+/// One named line of the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Term {
+    pub name: &'static str,
+    pub bytes: u64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ledger {
+    pub terms: Vec<Term>,
+    /// What llama.cpp reserves for its compute graph; only part of it is ever touched.
+    pub compute_reserved_bytes: u64,
+}
+
+impl Ledger {
+    pub fn compute(shape: &ModelShape, plan: &Plan) -> Self {
+        let u = plan.n_ubatch;
+        let per_slot = plan.ctx.div_ceil(KV_PAD) * KV_PAD;
+        let cells = if plan.kv_cells >= plan.slots * plan.ctx {
+            per_slot * plan.slots
+        } else {
+            plan.kv_cells.div_ceil(KV_PAD) * KV_PAD
+        };
+        let per_cell =
+            shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
+        let kv = cells * per_cell;
+        let ctx_seq = per_slot.min(cells);
+        // One micro-batch of activations (FFN up/gate + residual, f32), the f16 attention mask
+        // over the sequence's context, and logits for at most one row per slot: inferloopd
+        // never asks for prompt logits, so the rest of llama.cpp's logits reservation
+        // (n_ubatch × n_vocab) stays untouched and is not charged by the kernel.
+        let activations = 4 * u * (2 * shape.n_ff + shape.n_embd) + 2 * u * ctx_seq;
+        let logits = 4 * shape.n_vocab * plan.slots;
+        let compute = activations + 2 * logits;
+        let compute_reserved = 4 * u * shape.n_vocab + activations + logits;
+        let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
+        let weights = shape.tensor_bytes;
+        let subtotal = weights + kv + compute + overhead;
+        let margin = plan
+            .margin_bytes
+            .unwrap_or_else(|| (subtotal / 20).max(16 << 20));
+        Self {
+            terms: vec![
+                Term {
+                    name: "weights",
+                    bytes: weights,
+                    detail: format!(
+                        "{} tensor bytes, mapped once for all slots",
+                        shape.architecture
+                    ),
+                },
+                Term {
+                    name: "kv",
+                    bytes: kv,
+                    detail: format!(
+                        "{cells} cells x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
+                        shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+                    ),
+                },
+                Term {
+                    name: "compute",
+                    bytes: compute,
+                    detail: format!(
+                        "micro-batch {u} activations + logits for {} slots (llama.cpp reserves {:.1} MiB)",
+                        plan.slots,
+                        compute_reserved as f64 / MIB
+                    ),
+                },
+                Term {
+                    name: "overhead",
+                    bytes: overhead,
+                    detail: "runtime, allocator, tokenizer tables (measured)".into(),
+                },
+                Term {
+                    name: "margin",
+                    bytes: margin,
+                    detail: if plan.margin_bytes.is_some() {
+                        "configured".into()
+                    } else {
+                        "5% of the above, at least 16 MiB".into()
+                    },
+                },
+            ],
+            compute_reserved_bytes: compute_reserved,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.terms.iter().map(|t| t.bytes).sum()
+    }
+
+    /// Everything but the margin: the expected peak resident set.
+    pub fn expected_peak(&self) -> u64 {
+        self.terms
+            .iter()
+            .filter(|t| t.name != "margin")
+            .map(|t| t.bytes)
+            .sum()
+    }
+
+    pub fn term(&self, name: &str) -> u64 {
+        self.terms
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0, |t| t.bytes)
+    }
+}
+
+/// The ledger against the limits.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    pub fits: bool,
+    pub required_bytes: u64,
+    pub expected_peak_bytes: u64,
+    /// The tightest limit, if any applies.
+    pub limit: Option<Limit>,
+    pub limits: Vec<Limit>,
+    pub ledger: Ledger,
+    pub shape: ModelShape,
+    pub plan: Plan,
+}
+
+impl Decision {
+    pub fn new(shape: ModelShape, plan: Plan, limits: Vec<Limit>) -> Self {
+        let ledger = Ledger::compute(&shape, &plan);
+        let required = ledger.total();
+        let limit = limits.iter().min_by_key(|l| l.bytes).cloned();
+        Self {
+            fits: limit.as_ref().is_none_or(|l| required <= l.bytes),
+            required_bytes: required,
+            expected_peak_bytes: ledger.expected_peak(),
+            limit,
+            limits,
+            ledger,
+            shape,
+            plan,
+        }
+    }
+
+    /// The one-line accounting: `reason=… requiredMB=… limitMB=… weightsMB=… …`.
+    pub fn accounting(&self) -> String {
+        let mb = |b: u64| format!("{:.1}", b as f64 / MIB);
+        let mut s = String::new();
+        let reason = self
+            .limit
+            .as_ref()
+            .map_or("no-limit", |l| l.source.reason());
+        let _ = write!(
+            s,
+            "reason={reason} requiredMB={} limitMB={}",
+            mb(self.required_bytes),
+            self.limit
+                .as_ref()
+                .map_or("unlimited".into(), |l| mb(l.bytes)),
+        );
+        for t in &self.ledger.terms {
+            let _ = write!(s, " {}MB={}", t.name, mb(t.bytes));
+        }
+        if let Some(l) = &self.limit {
+            let _ = write!(s, " limitSource={} limitFrom={}", l.source.label(), l.from);
+        }
+        s
+    }
+
+    /// A human table for `inferloopd check`.
+    pub fn table(&self) -> String {
+        let mb = |b: u64| b as f64 / MIB;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "model: {} ({} layers, {} kv heads, vocab {}), slots {} x ctx {}, kv cells {}",
+            self.shape.architecture,
+            self.shape.n_layer,
+            self.shape.n_head_kv,
+            self.shape.n_vocab,
+            self.plan.slots,
+            self.plan.ctx,
+            self.plan.kv_cells
+        );
+        let _ = writeln!(s, "{:<10} {:>10}  detail", "term", "MiB");
+        for t in &self.ledger.terms {
+            let _ = writeln!(s, "{:<10} {:>10.1}  {}", t.name, mb(t.bytes), t.detail);
+        }
+        let _ = writeln!(s, "{:<10} {:>10.1}", "required", mb(self.required_bytes));
+        for l in &self.limits {
+            let _ = writeln!(
+                s,
+                "limit      {:>10.1}  {} ({})",
+                mb(l.bytes),
+                l.source.label(),
+                l.from
+            );
+        }
+        let verdict = if self.fits { "FITS" } else { "REFUSED" };
+        let _ = writeln!(s, "decision: {verdict}  {}", self.accounting());
+        s
+    }
+
+    /// Prometheus series for the ledger and limits.
+    pub fn render_metrics(&self, out: &mut String) {
+        out.push_str(
+            "# HELP inferloop_memory_required_bytes Memory ledger terms computed at cold load.\n",
+        );
+        out.push_str("# TYPE inferloop_memory_required_bytes gauge\n");
+        for t in &self.ledger.terms {
+            let _ = writeln!(
+                out,
+                "inferloop_memory_required_bytes{{term=\"{}\"}} {}",
+                t.name, t.bytes
+            );
+        }
+        let _ = writeln!(
+            out,
+            "inferloop_memory_required_bytes{{term=\"total\"}} {}",
+            self.required_bytes
+        );
+        out.push_str(
+            "# HELP inferloop_memory_limit_bytes Memory limits that apply to the process.\n",
+        );
+        out.push_str("# TYPE inferloop_memory_limit_bytes gauge\n");
+        for l in &self.limits {
+            let _ = writeln!(
+                out,
+                "inferloop_memory_limit_bytes{{source=\"{}\"}} {}",
+                l.source.label(),
+                l.bytes
+            );
+        }
+    }
+}
+
+/// Resident set size of this process, from `/proc/self/status`.
+pub fn rss_bytes() -> Option<u64> {
+    status_kb("VmRSS:")
+}
+
+/// Peak resident set size of this process.
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_kb("VmHWM:")
+}
+
+fn status_kb(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M as its GGUF header describes it.
+    fn smollm2() -> ModelShape {
+        ModelShape {
+            architecture: "llama".into(),
+            n_layer: 30,
+            n_embd: 576,
+            n_head: 9,
+            n_head_kv: 3,
+            head_dim_k: 64,
+            head_dim_v: 64,
+            n_ff: 1536,
+            n_vocab: 49152,
+            n_ctx_train: 8192,
+            tensor_bytes: 96_576_768,
+            file_bytes: 98_362_432,
+        }
+    }
+
+    fn plan(slots: u64, ctx: u64) -> Plan {
+        Plan {
+            slots,
+            ctx,
+            kv_cells: slots * ctx,
+            n_ubatch: 512,
+            margin_bytes: None,
+        }
+    }
+
+    #[test]
+    fn kv_term_matches_llama_cpp_for_the_default_model() {
+        // llama.cpp reports "KV buffer size = 45.00 MiB" at n_ctx 2048 and 180 MiB at 8192.
+        assert_eq!(
+            Ledger::compute(&smollm2(), &plan(1, 2048)).term("kv"),
+            45 << 20
+        );
+        assert_eq!(
+            Ledger::compute(&smollm2(), &plan(4, 2048)).term("kv"),
+            180 << 20
+        );
+        assert_eq!(
+            Ledger::compute(&smollm2(), &plan(1, 8192)).term("kv"),
+            180 << 20
+        );
+    }
+
+    #[test]
+    fn weights_are_counted_once_however_many_slots() {
+        let one = Ledger::compute(&smollm2(), &plan(1, 1024));
+        let eight = Ledger::compute(&smollm2(), &plan(8, 1024));
+        assert_eq!(one.term("weights"), eight.term("weights"));
+        assert_eq!(eight.term("kv"), 8 * one.term("kv"));
+    }
+
+    #[test]
+    fn oversubscribed_kv_is_sized_by_its_cells() {
+        let mut p = plan(4, 2048);
+        p.kv_cells = 2048;
+        assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 45 << 20);
+    }
+
+    #[test]
+    fn reserved_compute_is_close_to_llama_cpp_figure() {
+        // llama.cpp: "CPU compute buffer size = 104.77 MiB" at 1 x 2048, 109.64 at 1 x 8192.
+        for (ctx, reported) in [(2048, 104.77), (8192, 109.64)] {
+            let l = Ledger::compute(&smollm2(), &plan(1, ctx));
+            let mib = l.compute_reserved_bytes as f64 / MIB;
+            assert!(
+                (mib - reported).abs() / reported < 0.03,
+                "{mib} vs {reported}"
+            );
+        }
+    }
+
+    #[test]
+    fn margin_defaults_to_five_percent() {
+        let l = Ledger::compute(&smollm2(), &plan(4, 2048));
+        let rest = l.expected_peak();
+        assert_eq!(l.term("margin"), (rest / 20).max(16 << 20));
+        assert_eq!(l.total(), rest + l.term("margin"));
+    }
+
+    fn limit(source: LimitSource, mb: u64) -> Limit {
+        Limit {
+            source,
+            bytes: mb << 20,
+            from: "test".into(),
+        }
+    }
+
+    #[test]
+    fn tightest_limit_decides_and_is_named() {
+        let d = Decision::new(
+            smollm2(),
+            plan(4, 2048),
+            vec![
+                limit(LimitSource::MemAvailable, 20_000),
+                limit(LimitSource::CgroupV1, 200),
+            ],
+        );
+        assert!(!d.fits);
+        let line = d.accounting();
+        assert!(
+            line.starts_with("reason=cgroup-limit requiredMB="),
+            "{line}"
+        );
+        for key in [
+            "limitMB=200.0",
+            "weightsMB=",
+            "kvMB=180.0",
+            "computeMB=",
+            "overheadMB=",
+            "marginMB=",
+        ] {
+            assert!(line.contains(key), "{key} missing in {line}");
+        }
+    }
+
+    #[test]
+    fn no_limit_fits() {
+        let d = Decision::new(smollm2(), plan(1, 1024), vec![]);
+        assert!(d.fits);
+        assert!(d.accounting().starts_with("reason=no-limit"));
+    }
+
+    #[test]
+    fn metrics_name_every_term_and_limit() {
+        let d = Decision::new(
+            smollm2(),
+            plan(1, 1024),
+            vec![limit(LimitSource::CgroupV2, 4096)],
+        );
+        let mut out = String::new();
+        d.render_metrics(&mut out);
+        for t in ["weights", "kv", "compute", "overhead", "margin", "total"] {
+            assert!(out.contains(&format!("inferloop_memory_required_bytes{{term=\"{t}\"}}")));
+        }
+        assert!(out.contains("inferloop_memory_limit_bytes{source=\"cgroup-v2\"} 4294967296"));
+    }
+}

@@ -1,0 +1,78 @@
+//! The InferLoop manifest: the JSON document that pins what a box may run, shared by the
+//! daemon (which refuses weights that do not match) and the image builder (which writes it).
+//!
+//! # Layout
+//! - [`schema`]: the types, strict parsing (unknown fields are errors) and per-stage checks.
+//! - [`hash`]: streaming SHA-256 of files with progress reporting.
+//! - [`verify`]: weights against a pin, with an optional verified-result cache.
+
+pub mod hash;
+pub mod schema;
+pub mod verify;
+
+pub use schema::{Loaded, Manifest, ModelPin, SCHEMA_VERSION};
+pub use verify::{verify_weights, Verified, VerifyCache};
+
+/// Everything that can go wrong reading a manifest or checking weights against it.
+#[derive(Debug, thiserror::Error)]
+pub enum IntegrityError {
+    #[error("cannot read manifest {path}: {source}")]
+    ManifestRead {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("manifest {path} is invalid: {message}")]
+    ManifestParse { path: String, message: String },
+    #[error(
+        "manifest {path}: schema {found} is not supported (this build reads schema {supported})"
+    )]
+    UnsupportedSchema {
+        path: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error("manifest {path}: `{field}` {message}")]
+    BadField {
+        path: String,
+        field: &'static str,
+        message: String,
+    },
+    #[error("weights {path} are missing: {source}")]
+    WeightsMissing {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("weights {path} have the wrong size: expected {expected} bytes, found {actual}")]
+    SizeMismatch {
+        path: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("weights {path} have the wrong SHA-256: expected {expected}, found {actual}")]
+    HashMismatch {
+        path: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("cannot read weights {path}: {source}")]
+    WeightsRead {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl IntegrityError {
+    /// Stable label for logs, metrics and test assertions.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::ManifestRead { .. } => "manifest_read",
+            Self::ManifestParse { .. } => "manifest_parse",
+            Self::UnsupportedSchema { .. } => "unsupported_schema",
+            Self::BadField { .. } => "bad_field",
+            Self::WeightsMissing { .. } => "weights_missing",
+            Self::SizeMismatch { .. } => "size_mismatch",
+            Self::HashMismatch { .. } => "hash_mismatch",
+            Self::WeightsRead { .. } => "weights_read",
+        }
+    }
+}
