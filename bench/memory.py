@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Memory ledger accuracy: predicted peak vs measured peak RSS.
+
+For each configuration, starts inferloopd, drives every slot with a prompt that fills a
+full prefill micro-batch plus generation (the heaviest the daemon gets), then compares the
+ledger's expected peak (`/v1/status` memory.expected_peak_bytes, i.e. every term but the
+margin) and its required total with the process's VmHWM from /proc/PID/status.
+
+Usage: bench/memory.py [--daemon PATH] [--model PATH] [--config SLOTSxCTX ...]
+Writes bench/results/memory.json. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LISTEN_RE = re.compile(r"listening on (http://[0-9.:]+)")
+MIB = 1024 * 1024
+
+
+def status_kb(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/{pid}/status")
+
+
+def post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def measure(daemon: str, model: str, slots: int, ctx: int, threads: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
+    argv = [daemon, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+            "--slots", str(slots), "--ctx", str(ctx), "--threads", str(threads)]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    base = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        m = LISTEN_RE.search(line)
+        if m:
+            base = m.group(1)
+            break
+    if base is None:
+        raise RuntimeError("daemon exited before listening")
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        status = json.loads(urllib.request.urlopen(base + "/v1/status").read())
+        mem = status["memory"]
+        idle_rss = status_kb(proc.pid, "VmRSS:")
+        # Each slot: a prompt of ~600 tokens (a full 512-token prefill step and more) and
+        # enough generation to keep every slot busy together.
+        prompt = "The quick brown fox jumps over the lazy dog. " * 60
+        max_tokens = min(128, ctx - 800) if ctx > 900 else 32
+        errors: list[str] = []
+
+        def one() -> None:
+            try:
+                post(base + "/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens, "temperature": 0})
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+
+        workers = [threading.Thread(target=one) for _ in range(slots)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if errors:
+            raise RuntimeError(f"requests failed: {errors[:2]}")
+        peak = status_kb(proc.pid, "VmHWM:")
+        expected = mem["expected_peak_bytes"]
+        return {
+            "slots": slots, "ctx": ctx,
+            "terms_mib": {t["name"]: round(t["bytes"] / MIB, 1) for t in mem["terms"]},
+            "expected_peak_mib": round(expected / MIB, 1),
+            "required_mib": round(mem["required_bytes"] / MIB, 1),
+            "idle_rss_mib": round(idle_rss / MIB, 1),
+            "peak_rss_mib": round(peak / MIB, 1),
+            "error_pct": round((expected - peak) / peak * 100, 1),
+            "required_covers_peak": mem["required_bytes"] >= peak,
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--daemon", default=str(REPO / "target/release/inferloopd"))
+    ap.add_argument("--model", default=str(REPO / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--config", action="append", default=None,
+                    help="SLOTSxCTX, repeatable (default: 4x2048 and 1x8192)")
+    ap.add_argument("--output", default=str(REPO / "bench/results/memory.json"))
+    args = ap.parse_args()
+    configs = args.config or ["4x2048", "1x8192"]
+    results = []
+    for c in configs:
+        slots, ctx = (int(x) for x in c.lower().split("x"))
+        r = measure(args.daemon, args.model, slots, ctx, args.threads)
+        results.append(r)
+        print(f"{slots}x{ctx}: expected peak {r['expected_peak_mib']} MiB, "
+              f"measured peak RSS {r['peak_rss_mib']} MiB ({r['error_pct']:+}%), "
+              f"required with margin {r['required_mib']} MiB, idle RSS {r['idle_rss_mib']} MiB, "
+              f"terms {r['terms_mib']}")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    bad = [r for r in results if abs(r["error_pct"]) > 10]
+    if bad:
+        print(f"ledger off by more than 10% for {[(r['slots'], r['ctx']) for r in bad]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

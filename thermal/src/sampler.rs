@@ -1,0 +1,210 @@
+//! The sampler task: reads a source every interval, keeps the latest snapshot and a bounded history.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+
+use crate::admission::{Admission, AdmissionConfig, ThermalState};
+use crate::snapshot::Snapshot;
+use crate::source::Source;
+use crate::throttle::{self, ThrottleTracker};
+use crate::ThermalError;
+
+/// How often to sample and how much to keep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Default 1 s.
+    pub interval: Duration,
+    /// Snapshots kept; default 600 (10 minutes at 1 Hz).
+    pub history: usize,
+    /// When set, every snapshot carries the admission state after it.
+    pub admission: Option<AdmissionConfig>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            interval: Duration::from_secs(1),
+            history: 600,
+            admission: None,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Checks the values; names the field.
+    pub fn validate(&self) -> Result<(), ThermalError> {
+        if self.interval.is_zero() {
+            return Err(ThermalError::InvalidConfig {
+                field: "interval",
+                message: "must be more than 0".into(),
+            });
+        }
+        if self.history == 0 {
+            return Err(ThermalError::InvalidConfig {
+                field: "history",
+                message: "must keep at least 1 snapshot".into(),
+            });
+        }
+        if let Some(admission) = &self.admission {
+            admission.validate()?;
+        }
+        Ok(())
+    }
+}
+
+type History = Arc<Mutex<VecDeque<Arc<Snapshot>>>>;
+
+// A std mutex, not tokio's: the lock is held for a push or a clone of up to `history`
+// `Arc`s, never across an await, and readers (HTTP handlers, the decode thread) may be sync.
+fn lock(history: &Mutex<VecDeque<Arc<Snapshot>>>) -> MutexGuard<'_, VecDeque<Arc<Snapshot>>> {
+    // A panic while holding the lock leaves a deque that is still a valid history.
+    history
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A running sampler. Dropping it stops the task (after a sample already in flight).
+pub struct Sampler {
+    latest: watch::Receiver<Option<Arc<Snapshot>>>,
+    history: History,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Sampler {
+    /// Starts the task on the current tokio runtime; the first sample is taken at once.
+    pub fn spawn(source: Box<dyn Source>, config: SamplerConfig) -> Result<Self, ThermalError> {
+        config.validate()?;
+        let admission = config.admission.clone().map(Admission::new).transpose()?;
+        let (latest_tx, latest) = watch::channel(None);
+        let history: History = Arc::new(Mutex::new(VecDeque::with_capacity(config.history)));
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(run(
+            source,
+            config,
+            admission,
+            latest_tx,
+            Arc::clone(&history),
+            stopped,
+        ));
+        Ok(Sampler {
+            latest,
+            history,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// The newest snapshot, `None` before the first successful sample.
+    pub fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.latest.borrow().clone()
+    }
+
+    /// A receiver that sees every new snapshot; `borrow()` on it is a cheap sync read, fit
+    /// for the decode thread.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Snapshot>>> {
+        self.latest.clone()
+    }
+
+    /// The kept snapshots, oldest first.
+    pub fn history(&self) -> Vec<Arc<Snapshot>> {
+        lock(&self.history).iter().cloned().collect()
+    }
+
+    /// The admission state of the newest snapshot; `normal` before the first one or when
+    /// the sampler runs no admission.
+    pub fn thermal_state(&self) -> ThermalState {
+        self.latest
+            .borrow()
+            .as_ref()
+            .and_then(|s| s.thermal_state)
+            .unwrap_or(ThermalState::Normal)
+    }
+
+    /// Stops the task and waits for it to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            // The task may already have ended (a panicked source); nothing else to tell it.
+            let _ = stop.send(());
+        }
+        if let Err(e) = (&mut self.task).await {
+            tracing::warn!(error = %e, "thermal sampler task ended abnormally");
+        }
+    }
+}
+
+async fn run(
+    source: Box<dyn Source>,
+    config: SamplerConfig,
+    mut admission: Option<Admission>,
+    latest: watch::Sender<Option<Arc<Snapshot>>>,
+    history: History,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(config.interval);
+    // A slow sample (nvpmodel, an I2C read) should not be followed by a burst to catch up.
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut tracker = ThrottleTracker::new();
+    let mut failing_since: Option<u64> = None;
+    let mut source = Some(source);
+    tracing::debug!(
+        interval_ms = config.interval.as_millis() as u64,
+        "thermal sampler started"
+    );
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            _ = ticker.tick() => {}
+        }
+        let Some(mut src) = source.take() else { break };
+        // Sources do blocking file I/O and may run nvpmodel: keep it off the async workers.
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = src.sample();
+            (src, result)
+        })
+        .await;
+        let (src, result) = match joined {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::error!(error = %e, "thermal source panicked; sampler stopped");
+                break;
+            }
+        };
+        source = Some(src);
+        let mut snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                let failures = failing_since.get_or_insert(0);
+                if *failures == 0 {
+                    tracing::warn!(error = %e, kind = e.kind(), "thermal sample failed");
+                }
+                *failures += 1;
+                continue;
+            }
+        };
+        if let Some(failures) = failing_since.take() {
+            tracing::info!(failures, "thermal samples recovered");
+        }
+        snapshot.throttle = throttle::detect(&snapshot);
+        tracker.update(&snapshot.throttle);
+        if let Some(admission) = admission.as_mut() {
+            admission.observe_snapshot(&snapshot);
+            snapshot.thermal_state = Some(admission.state());
+        }
+        let snapshot = Arc::new(snapshot);
+        {
+            let mut kept = lock(&history);
+            if kept.len() >= config.history {
+                kept.pop_front();
+            }
+            kept.push_back(Arc::clone(&snapshot));
+        }
+        latest.send_replace(Some(snapshot));
+    }
+    tracing::debug!("thermal sampler stopped");
+}
