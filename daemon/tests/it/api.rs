@@ -1,0 +1,191 @@
+//! Every route answers with its documented shape; `/v1` routes require the API key when one
+//! is set, the operational routes never do.
+
+use std::sync::LazyLock;
+
+use serde_json::{json, Value};
+
+use crate::harness::{
+    assert_error, counting_body, header, http, metric, model_id, shared, start_for_run, started,
+    Daemon,
+};
+
+#[tokio::test]
+async fn models_lists_the_loaded_model() {
+    let list = shared().get_ok("/v1/models").await;
+    assert_eq!(list["object"], "list");
+    let data = list["data"].as_array().expect("data is an array");
+    assert_eq!(data.len(), 1, "{list}");
+    assert_eq!(data[0]["id"], model_id().as_str());
+    assert_eq!(data[0]["object"], "model");
+    assert_eq!(data[0]["owned_by"], "inferloop");
+    assert!(data[0]["created"].as_u64().is_some_and(|t| t > 0), "{list}");
+}
+
+#[tokio::test]
+async fn model_by_id_returns_its_card() {
+    let id = model_id();
+    let card = shared().get_ok(&format!("/v1/models/{id}")).await;
+    assert_eq!(card["id"], id.as_str());
+    assert_eq!(card["object"], "model");
+    assert_eq!(card["owned_by"], "inferloop");
+}
+
+#[tokio::test]
+async fn unknown_model_id_is_404_model_not_found() {
+    let resp = shared().get("/v1/models/gpt-4").await;
+    let err = assert_error(resp, 404, Some("model"), Some("model_not_found")).await;
+    assert!(
+        err["message"].as_str().is_some_and(|m| m.contains("gpt-4")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn generation_for_another_model_is_404_model_not_found() {
+    let mut body = crate::harness::chat_body("Hi", 4);
+    body["model"] = json!("gpt-4");
+    let resp = shared().post("/v1/chat/completions", &body).await;
+    assert_error(resp, 404, Some("model"), Some("model_not_found")).await;
+}
+
+#[tokio::test]
+async fn generation_naming_the_loaded_model_is_served() {
+    let mut body = crate::harness::chat_body("Hi", 4);
+    body["model"] = json!(model_id());
+    let v = shared().chat(&body).await;
+    assert_eq!(v["model"], model_id().as_str());
+}
+
+#[tokio::test]
+async fn healthz_answers_ok() {
+    let v = shared().get_ok("/healthz").await;
+    assert_eq!(v, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn readyz_answers_ready_once_the_model_is_loaded() {
+    let v = shared().get_ok("/readyz").await;
+    assert_eq!(v, json!({"status": "ready"}));
+}
+
+#[tokio::test]
+async fn metrics_expose_every_series() {
+    let d = shared();
+    // Generate first so every counter and histogram has at least one observation.
+    let v = d.complete(&counting_body(8, false)).await;
+    assert_eq!(v["usage"]["completion_tokens"], 8, "{v}");
+    d.get_ok("/v1/models").await;
+
+    let resp = d.get("/metrics").await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        header(&resp, "content-type").starts_with("text/plain"),
+        "{:?}",
+        resp.headers()
+    );
+    let text = resp.text().await.expect("metrics body");
+
+    let ok = |route: &str| format!("inferloop_requests_total{{route=\"{route}\",code=\"200\"}}");
+    assert!(metric(&text, &ok("/v1/completions")) >= 1.0, "{text}");
+    assert!(metric(&text, &ok("/v1/models")) >= 1.0, "{text}");
+    assert!(
+        text.contains("# TYPE inferloop_requests_total counter"),
+        "{text}"
+    );
+    for gauge in ["inferloop_active_slots", "inferloop_queue_depth"] {
+        assert!(text.contains(&format!("# TYPE {gauge} gauge")), "{text}");
+    }
+    let active = metric(&text, "inferloop_active_slots");
+    assert!((0.0..=4.0).contains(&active), "active slots {active}");
+    assert!(metric(&text, "inferloop_queue_depth") >= 0.0);
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_f64().expect("prompt_tokens");
+    assert!(metric(&text, "inferloop_prompt_tokens_total") >= prompt_tokens);
+    assert!(metric(&text, "inferloop_generated_tokens_total") >= 8.0);
+    for hist in [
+        "inferloop_ttft_seconds",
+        "inferloop_inter_token_seconds",
+        "inferloop_request_seconds",
+    ] {
+        assert!(text.contains(&format!("# TYPE {hist} histogram")), "{text}");
+        let count = metric(&text, &format!("{hist}_count"));
+        assert!(count >= 1.0, "{hist}_count {count}");
+        assert_eq!(
+            metric(&text, &format!("{hist}_bucket{{le=\"+Inf\"}}")),
+            count,
+            "{hist}: +Inf bucket must equal the count"
+        );
+        assert!(metric(&text, &format!("{hist}_sum")) > 0.0, "{hist}_sum");
+    }
+}
+
+#[tokio::test]
+async fn status_reports_slots_queue_model_and_uptime() {
+    let s = shared().status().await;
+    assert_eq!(s["ready"], true, "{s}");
+    assert_eq!(s["slots"]["total"], 4, "{s}");
+    assert_eq!(s["slots"]["ctx_per_slot"], 1024, "{s}");
+    let active = s["slots"]["active"].as_u64().expect("active");
+    let idle = s["slots"]["idle"].as_u64().expect("idle");
+    assert_eq!(active + idle, 4, "{s}");
+    assert_eq!(s["queue"]["capacity"], 16, "{s}");
+    assert_eq!(s["queue"]["timeout_ms"], 30_000, "{s}");
+    assert!(s["queue"]["depth"].as_u64().is_some(), "{s}");
+    assert_eq!(s["model"]["id"], model_id().as_str(), "{s}");
+    assert!(
+        s["model"]["n_params"]
+            .as_u64()
+            .is_some_and(|n| n > 100_000_000),
+        "{s}"
+    );
+    assert!(s["uptime_s"].as_f64().is_some_and(|u| u > 0.0), "{s}");
+}
+
+// ---- API key ----
+
+static KEYED: LazyLock<Result<Daemon, String>> =
+    LazyLock::new(|| start_for_run(&["--api-key", "secret", "--slots", "1", "--ctx", "256"]));
+
+async fn models_with(auth: Option<&str>) -> reqwest::Response {
+    let d = started(&KEYED);
+    let mut req = http().get(d.url("/v1/models"));
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    req.send().await.expect("GET /v1/models")
+}
+
+#[tokio::test]
+async fn missing_api_key_is_401() {
+    let resp = models_with(None).await;
+    let err = assert_error(resp, 401, None, Some("invalid_api_key")).await;
+    assert_eq!(err["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn wrong_api_key_is_401() {
+    let resp = models_with(Some("Bearer secrets")).await;
+    assert_error(resp, 401, None, Some("invalid_api_key")).await;
+}
+
+#[tokio::test]
+async fn right_api_key_is_served() {
+    let resp = models_with(Some("Bearer secret")).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.expect("model list");
+    assert_eq!(v["data"][0]["id"], model_id().as_str());
+}
+
+#[tokio::test]
+async fn operational_routes_need_no_api_key() {
+    let d = started(&KEYED);
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let resp = d.get(path).await;
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    // Generation is a /v1 route like the others.
+    let resp = d
+        .post("/v1/chat/completions", &crate::harness::chat_body("Hi", 2))
+        .await;
+    assert_error(resp, 401, None, Some("invalid_api_key")).await;
+}

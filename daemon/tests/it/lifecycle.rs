@@ -1,0 +1,169 @@
+//! The process lifecycle: refusing bad start-up settings with the documented exit codes, and
+//! draining on SIGTERM.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::harness::{counting_body, parse_sse, stream_finish_reason, Daemon};
+
+const EXIT_WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn public_bind_without_api_key_exits_2() {
+    let (status, log) = Daemon::run_to_exit(&["--host", "0.0.0.0"], EXIT_WAIT);
+    assert_eq!(status.code(), Some(2), "log:\n{log}");
+    assert!(
+        log.contains("--api-key"),
+        "the message must name --api-key:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn public_bind_with_insecure_no_auth_is_served() {
+    let d = Daemon::start(&[
+        "--host",
+        "0.0.0.0",
+        "--insecure-no-auth",
+        "--slots",
+        "1",
+        "--ctx",
+        "256",
+    ]);
+    assert!(
+        d.log().contains("listening on http://0.0.0.0:"),
+        "{}",
+        d.log()
+    );
+    let v = d.get_ok("/healthz").await;
+    assert_eq!(v["status"], "ok");
+}
+
+#[test]
+fn missing_model_file_exits_4() {
+    let path = "/nonexistent/inferloop-test/model.gguf";
+    let (status, log) = Daemon::run_to_exit(&["--model", path], EXIT_WAIT);
+    assert_eq!(status.code(), Some(4), "log:\n{log}");
+    assert!(log.contains(path), "the message must name the path:\n{log}");
+}
+
+#[test]
+fn unknown_key_in_config_file_exits_2() {
+    let file = std::env::temp_dir().join(format!("inferloop-it-{}-bad.toml", std::process::id()));
+    std::fs::write(&file, "slots = 2\nprot = 8080\n").expect("write config");
+    let config = file.to_string_lossy().into_owned();
+    let (status, log) = Daemon::run_to_exit(&["--config", &config], EXIT_WAIT);
+    std::fs::remove_file(&file).ok();
+    assert_eq!(status.code(), Some(2), "log:\n{log}");
+    assert!(
+        log.contains("prot"),
+        "the message must name the key:\n{log}"
+    );
+}
+
+/// Reads one body chunk from a stream (the first SSE event at least).
+async fn first_chunk<S, B>(body: &mut S) -> Vec<u8>
+where
+    S: futures::Stream<Item = reqwest::Result<B>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    let chunk = body
+        .next()
+        .await
+        .expect("stream open")
+        .expect("first chunk");
+    chunk.as_ref().to_vec()
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_inflight_stream_finish_then_exits_0() {
+    // A deadline far beyond the stream's length: only a shutdown that cuts in-flight work
+    // fails this, not a slow machine.
+    let mut d = Daemon::start(&["--slots", "1", "--ctx", "512", "--shutdown-timeout", "300"]);
+    let mut req = counting_body(60, true);
+    req["stream_options"] = json!({"include_usage": true});
+    let resp = d.post("/v1/completions", &req).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut raw = first_chunk(&mut body).await;
+    let events_before = String::from_utf8_lossy(&raw).matches("data: ").count();
+
+    d.sigterm();
+    let refused_by = Instant::now() + Duration::from_secs(3);
+    while tokio::net::TcpStream::connect(d.addr()).await.is_ok() {
+        assert!(
+            Instant::now() < refused_by,
+            "still accepting connections after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    while let Some(chunk) = body.next().await {
+        raw.extend_from_slice(&chunk.expect("stream interrupted by shutdown"));
+    }
+    let chunks = parse_sse(&String::from_utf8(raw).expect("utf-8 stream"));
+    assert!(
+        events_before < chunks.len(),
+        "the stream must still be running when SIGTERM arrives ({events_before} of {} events \
+         before it)",
+        chunks.len() + 1
+    );
+    assert_eq!(stream_finish_reason(&chunks), "length");
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], 60, "{usage}");
+
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", d.log_tail());
+}
+
+#[tokio::test]
+async fn sigterm_past_the_shutdown_timeout_cancels_and_exits_0() {
+    let mut d = Daemon::start(&["--slots", "1", "--ctx", "4096", "--shutdown-timeout", "1"]);
+    let resp = d.post("/v1/completions", &counting_body(2000, true)).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut raw = first_chunk(&mut body).await;
+
+    let t0 = Instant::now();
+    d.sigterm();
+    let rest = tokio::time::timeout(Duration::from_secs(4), async {
+        while let Some(Ok(chunk)) = body.next().await {
+            raw.extend_from_slice(&chunk);
+        }
+    })
+    .await;
+    assert!(
+        rest.is_ok(),
+        "stream still open {:?} after SIGTERM",
+        t0.elapsed()
+    );
+    let status = d.wait_exit(Duration::from_secs(4).saturating_sub(t0.elapsed()));
+    let took = t0.elapsed();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit {status:?} after {took:?}\n{}",
+        d.log_tail()
+    );
+    assert!(
+        took >= Duration::from_secs(1),
+        "exited after {took:?}, before the deadline"
+    );
+
+    // The stream was cut, not completed. Its last event is the shutting_down error when the
+    // decode thread answers the cancel within the daemon's 2 s grace; a decode step stalled
+    // longer than that on a busy machine closes the connection without it.
+    let text = String::from_utf8_lossy(&raw);
+    assert!(
+        !text.contains("[DONE]"),
+        "a cancelled stream must not claim completion"
+    );
+    let tail = &text[text.len().saturating_sub(400)..];
+    if text.contains("\"error\"") {
+        assert!(
+            text.trim_end().ends_with("\"code\":\"shutting_down\"}}"),
+            "the only error a cancelled stream may end with is shutting_down: {tail:?}"
+        );
+    }
+}
