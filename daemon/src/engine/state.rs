@@ -82,8 +82,10 @@ impl<J: Waiter> State<J> {
         self.max_active = n.clamp(1, self.busy.len());
     }
 
-    /// Accepts a job if it can start now or the queue has room.
+    /// Accepts a job if it can start now or the queue has room. Waiters whose client left
+    /// are dropped first, so they never cost a live client a 429.
     pub fn offer(&mut self, job: J, now: Instant) -> Result<(), (Rejected, J)> {
+        self.drop_gone();
         let can_start_now =
             self.queue.is_empty() && self.free_slot().is_some() && self.kv_fits(job.kv_cells());
         if !can_start_now && self.queue.len() >= self.queue_capacity {
@@ -292,6 +294,19 @@ mod tests {
         leaver.gone.set(true);
         assert_eq!(s.admit(now).map(|a| a.job.id), Some(1));
         assert_eq!(s.queued(), 0);
+    }
+
+    #[test]
+    fn waiter_that_left_does_not_cause_a_429() {
+        let now = Instant::now();
+        let mut s = state(1, 1);
+        s.offer(Job::new(0), now).ok();
+        let _running = s.admit(now);
+        let leaver = Job::new(1);
+        s.offer(leaver.clone(), now).ok();
+        leaver.gone.set(true);
+        // No drop_gone in between: offer itself must not count the leaver.
+        assert!(s.offer(Job::new(2), now).is_ok());
     }
 
     #[test]
