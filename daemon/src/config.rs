@@ -5,6 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use inferloop_board::Roots;
+use inferloop_thermal::AdmissionConfig;
 use serde::Deserialize;
 
 /// Default model location used by `make run`.
@@ -102,6 +104,33 @@ pub struct ServeLayer {
     /// requests then also wait for free cells.
     #[arg(long)]
     pub kv_cells: Option<u32>,
+    /// Board profile to use instead of detecting one (`inferloopd board` shows what
+    /// detection picks and why).
+    #[arg(long)]
+    pub board: Option<String>,
+    /// Root of sysfs for board detection and the thermal watch (tests point it at fixtures).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Root of procfs for board detection (the device tree, meminfo).
+    #[arg(long)]
+    pub proc_root: Option<PathBuf>,
+    /// How often the thermal watch samples the sensors, in milliseconds.
+    #[arg(long)]
+    pub thermal_interval_ms: Option<u64>,
+    /// At or above this temperature (°C) the board is `hot` and fewer sequences decode at
+    /// once (default: the lowest passive trip point, else the board profile).
+    #[arg(long)]
+    pub hot_celsius: Option<f64>,
+    /// At or above this temperature (°C) the board is `critical` and new requests get 503
+    /// (default: the lowest critical trip point, else the board profile).
+    #[arg(long)]
+    pub critical_celsius: Option<f64>,
+    /// A thermal state is left only below its threshold minus this many °C (default 5).
+    #[arg(long)]
+    pub hysteresis_celsius: Option<f64>,
+    /// Fraction of the slots that may decode at once while hot (rounded down, at least 1).
+    #[arg(long)]
+    pub hot_fraction: Option<f64>,
 }
 
 impl ServeLayer {
@@ -127,6 +156,14 @@ impl ServeLayer {
             memory_budget_mb: other.memory_budget_mb.or(self.memory_budget_mb),
             memory_margin_mb: other.memory_margin_mb.or(self.memory_margin_mb),
             kv_cells: other.kv_cells.or(self.kv_cells),
+            board: other.board.or(self.board),
+            sysfs_root: other.sysfs_root.or(self.sysfs_root),
+            proc_root: other.proc_root.or(self.proc_root),
+            thermal_interval_ms: other.thermal_interval_ms.or(self.thermal_interval_ms),
+            hot_celsius: other.hot_celsius.or(self.hot_celsius),
+            critical_celsius: other.critical_celsius.or(self.critical_celsius),
+            hysteresis_celsius: other.hysteresis_celsius.or(self.hysteresis_celsius),
+            hot_fraction: other.hot_fraction.or(self.hot_fraction),
         }
     }
 
@@ -174,6 +211,14 @@ impl ServeLayer {
             memory_budget_mb: parse(&get, "INFERLOOP_MEMORY_BUDGET_MB")?,
             memory_margin_mb: parse(&get, "INFERLOOP_MEMORY_MARGIN_MB")?,
             kv_cells: parse(&get, "INFERLOOP_KV_CELLS")?,
+            board: get("INFERLOOP_BOARD"),
+            sysfs_root: get("INFERLOOP_SYSFS_ROOT").map(PathBuf::from),
+            proc_root: get("INFERLOOP_PROC_ROOT").map(PathBuf::from),
+            thermal_interval_ms: parse(&get, "INFERLOOP_THERMAL_INTERVAL_MS")?,
+            hot_celsius: parse(&get, "INFERLOOP_HOT_CELSIUS")?,
+            critical_celsius: parse(&get, "INFERLOOP_CRITICAL_CELSIUS")?,
+            hysteresis_celsius: parse(&get, "INFERLOOP_HYSTERESIS_CELSIUS")?,
+            hot_fraction: parse(&get, "INFERLOOP_HOT_FRACTION")?,
         })
     }
 
@@ -212,6 +257,113 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     pub max_body_bytes: usize,
     pub read_timeout: Duration,
+    pub thermal: ThermalSettings,
+}
+
+/// Board and thermal-watch settings. Thresholds left `None` come from the sysfs trip points
+/// or the board profile at start (see [`crate::thermal`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThermalSettings {
+    /// `--board`: skips detection.
+    pub board: Option<String>,
+    /// Where `/proc` and `/sys` are.
+    pub roots: Roots,
+    pub interval: Duration,
+    pub hot_c: Option<f64>,
+    pub critical_c: Option<f64>,
+    pub hysteresis_c: Option<f64>,
+    pub hot_fraction: f64,
+}
+
+impl Default for ThermalSettings {
+    fn default() -> Self {
+        ThermalSettings {
+            board: None,
+            roots: Roots::default(),
+            interval: Duration::from_millis(DEFAULT_THERMAL_INTERVAL_MS),
+            hot_c: None,
+            critical_c: None,
+            hysteresis_c: None,
+            hot_fraction: AdmissionConfig::DEFAULT_HOT_FRACTION,
+        }
+    }
+}
+
+/// The thermal watch samples once a second unless told otherwise.
+pub const DEFAULT_THERMAL_INTERVAL_MS: u64 = 1000;
+/// Thresholds outside this range (°C) are a typo, not a board.
+const CELSIUS_RANGE: std::ops::RangeInclusive<f64> = 1.0..=150.0;
+
+impl ThermalSettings {
+    /// Checks the thermal keys of a merged layer; every message names its key.
+    fn from_layer(l: &ServeLayer) -> Result<Self, ConfigError> {
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let board = match &l.board {
+            Some(b) if b.trim().is_empty() => {
+                return Err(invalid("board", "must not be empty".into()))
+            }
+            other => other.clone(),
+        };
+        let interval_ms = l.thermal_interval_ms.unwrap_or(DEFAULT_THERMAL_INTERVAL_MS);
+        if !(10..=60_000).contains(&interval_ms) {
+            return Err(invalid(
+                "thermal_interval_ms",
+                format!("must be between 10 and 60000, got {interval_ms}"),
+            ));
+        }
+        let celsius = |field, v: Option<f64>| match v {
+            Some(c) if !CELSIUS_RANGE.contains(&c) => Err(invalid(
+                field,
+                format!(
+                    "must be between {} and {} °C, got {c}",
+                    CELSIUS_RANGE.start(),
+                    CELSIUS_RANGE.end()
+                ),
+            )),
+            other => Ok(other),
+        };
+        let hot_c = celsius("hot_celsius", l.hot_celsius)?;
+        let critical_c = celsius("critical_celsius", l.critical_celsius)?;
+        if let (Some(hot), Some(critical)) = (hot_c, critical_c) {
+            if critical <= hot {
+                return Err(invalid(
+                    "critical_celsius",
+                    format!("({critical}) must be above `hot_celsius` ({hot})"),
+                ));
+            }
+        }
+        let hysteresis_c = match l.hysteresis_celsius {
+            Some(h) if !(0.0..=50.0).contains(&h) => {
+                return Err(invalid(
+                    "hysteresis_celsius",
+                    format!("must be between 0 and 50 °C, got {h}"),
+                ))
+            }
+            other => other,
+        };
+        let hot_fraction = l
+            .hot_fraction
+            .unwrap_or(AdmissionConfig::DEFAULT_HOT_FRACTION);
+        if !(hot_fraction > 0.0 && hot_fraction <= 1.0) {
+            return Err(invalid(
+                "hot_fraction",
+                format!("must be in (0, 1], got {hot_fraction}"),
+            ));
+        }
+        let defaults = Roots::default();
+        Ok(ThermalSettings {
+            board,
+            roots: Roots {
+                proc_root: l.proc_root.clone().unwrap_or(defaults.proc_root),
+                sys_root: l.sysfs_root.clone().unwrap_or(defaults.sys_root),
+            },
+            interval: Duration::from_millis(interval_ms),
+            hot_c,
+            critical_c,
+            hysteresis_c,
+            hot_fraction,
+        })
+    }
 }
 
 impl ServeConfig {
@@ -230,6 +382,7 @@ impl ServeConfig {
             field,
             message: message.to_string(),
         };
+        let thermal = ThermalSettings::from_layer(&l)?;
         let model = match (l.model, &l.manifest) {
             (Some(m), _) => m,
             (None, Some(manifest)) => pinned_model_path(manifest),
@@ -302,6 +455,7 @@ impl ServeConfig {
             shutdown_timeout: Duration::from_secs(l.shutdown_timeout_secs.unwrap_or(30)),
             max_body_bytes,
             read_timeout: Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
+            thermal,
         })
     }
 }
@@ -385,6 +539,128 @@ mod tests {
         let err = ServeLayer::from_env(|k| (k == "INFERLOOP_SLOTS").then(|| "many".to_string()))
             .expect_err("not a number");
         assert!(err.to_string().contains("INFERLOOP_SLOTS"), "{err}");
+    }
+
+    #[test]
+    fn thermal_keys_layer_like_the_others() {
+        let file: ServeLayer = toml::from_str(
+            "board = \"jetson-orin-nx-16gb\"\nsysfs_root = \"/fixture/sys\"\n\
+             hot_celsius = 70.0\ncritical_celsius = 90.0\nthermal_interval_ms = 500\n",
+        )
+        .expect("toml");
+        let flags = ServeLayer {
+            hot_celsius: Some(75.0),
+            hot_fraction: Some(0.25),
+            ..ServeLayer::default()
+        };
+        let cfg = ServeConfig::resolve(
+            Some(file),
+            flags,
+            env(&[
+                ("INFERLOOP_CRITICAL_CELSIUS", "95"),
+                ("INFERLOOP_PROC_ROOT", "/fixture/proc"),
+                ("INFERLOOP_HYSTERESIS_CELSIUS", "2.5"),
+            ]),
+        )
+        .expect("valid");
+        let t = &cfg.thermal;
+        assert_eq!(t.board.as_deref(), Some("jetson-orin-nx-16gb"));
+        assert_eq!(t.roots.sys_root, PathBuf::from("/fixture/sys"));
+        assert_eq!(t.roots.proc_root, PathBuf::from("/fixture/proc"));
+        assert_eq!((t.hot_c, t.critical_c), (Some(75.0), Some(95.0)));
+        assert_eq!(t.hysteresis_c, Some(2.5));
+        assert_eq!(t.hot_fraction, 0.25);
+        assert_eq!(t.interval, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn thermal_defaults_read_the_real_roots_every_second() {
+        let cfg = ServeConfig::resolve(None, ServeLayer::default(), ServeLayer::default())
+            .expect("defaults are valid");
+        assert_eq!(cfg.thermal, ThermalSettings::default());
+        assert_eq!(cfg.thermal.roots, Roots::default());
+        assert_eq!(cfg.thermal.interval, Duration::from_secs(1));
+        assert_eq!(cfg.thermal.hot_fraction, 0.5);
+        assert_eq!((cfg.thermal.hot_c, cfg.thermal.critical_c), (None, None));
+    }
+
+    #[test]
+    fn out_of_range_thermal_values_name_the_field() {
+        let cases: [(ServeLayer, &str); 8] = [
+            (
+                ServeLayer {
+                    hot_celsius: Some(200.0),
+                    ..ServeLayer::default()
+                },
+                "`hot_celsius`",
+            ),
+            (
+                ServeLayer {
+                    critical_celsius: Some(f64::NAN),
+                    ..ServeLayer::default()
+                },
+                "`critical_celsius`",
+            ),
+            (
+                ServeLayer {
+                    hot_celsius: Some(90.0),
+                    critical_celsius: Some(80.0),
+                    ..ServeLayer::default()
+                },
+                "`critical_celsius`",
+            ),
+            (
+                ServeLayer {
+                    hysteresis_celsius: Some(-1.0),
+                    ..ServeLayer::default()
+                },
+                "`hysteresis_celsius`",
+            ),
+            (
+                ServeLayer {
+                    hot_fraction: Some(0.0),
+                    ..ServeLayer::default()
+                },
+                "`hot_fraction`",
+            ),
+            (
+                ServeLayer {
+                    hot_fraction: Some(1.5),
+                    ..ServeLayer::default()
+                },
+                "`hot_fraction`",
+            ),
+            (
+                ServeLayer {
+                    thermal_interval_ms: Some(0),
+                    ..ServeLayer::default()
+                },
+                "`thermal_interval_ms`",
+            ),
+            (
+                ServeLayer {
+                    board: Some(" ".into()),
+                    ..ServeLayer::default()
+                },
+                "`board`",
+            ),
+        ];
+        for (flags, field) in cases {
+            let err =
+                ServeConfig::resolve(None, flags, ServeLayer::default()).expect_err("out of range");
+            assert!(
+                matches!(err, ConfigError::Invalid { .. }) && err.to_string().contains(field),
+                "{field}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_thermal_env_value_names_the_variable() {
+        let err =
+            ServeLayer::from_env(|k| (k == "INFERLOOP_HOT_CELSIUS").then(|| "warm".to_string()))
+                .expect_err("not a number");
+        assert!(err.to_string().contains("INFERLOOP_HOT_CELSIUS"), "{err}");
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`ledger`]: the memory ledger (GGUF header → bytes per term) and the limits it
 //!   is checked against (cgroup v1/v2, MemAvailable, budget).
 //! - [`metrics`]: Prometheus series.
+//! - [`thermal`]: board detection and the thermal watch: the sampler, the admission gate the
+//!   decode thread reads, the thermal metrics, and the readings for `inferloopd thermal`.
 //! - [`server`]: the process lifecycle: bind, load, ready, drain on shutdown.
 //! - [`exit`]: the documented exit codes.
 
@@ -21,4 +23,5 @@ pub mod http;
 pub mod ledger;
 pub mod metrics;
 pub mod server;
+pub mod thermal;
 pub mod validate;

@@ -1,12 +1,17 @@
 //! `inferloopd`: parses arguments, sets up logging, runs, and maps the result to an exit code.
 
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode as ProcessExit;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use inferloopd::config::{ConfigError, ServeConfig, ServeLayer};
+use inferloop_board::{render_detection, Detector, Roots};
+use inferloop_thermal::render_table;
+use inferloopd::config::{ConfigError, ServeConfig, ServeLayer, ThermalSettings};
 use inferloopd::exit::ExitCode;
+use inferloopd::thermal::Probe;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -27,6 +32,43 @@ enum Command {
     /// Print the memory ledger and the admission decision without loading the weights
     /// (exit 0 fits, 1 refused).
     Check(CheckArgs),
+    /// Print the detected board, why it was chosen (which file matched) and its profile
+    /// (exit 0; unknown --board: 2).
+    Board(BoardArgs),
+    /// Print temperatures, clocks, power rails, throttling and the thermal admission state.
+    Thermal(ThermalArgs),
+}
+
+#[derive(clap::Args)]
+struct BoardArgs {
+    /// Use this profile instead of detecting one.
+    #[arg(long)]
+    board: Option<String>,
+    /// Root of procfs (the device tree, meminfo).
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Root of sysfs (online CPUs).
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct ThermalArgs {
+    /// Root of sysfs to read the sensors from.
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// Root of procfs, for board detection.
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Use this board profile instead of detecting one.
+    #[arg(long)]
+    board: Option<String>,
+    /// Print a new table every interval until interrupted.
+    #[arg(long)]
+    watch: bool,
+    /// Interval between tables with --watch, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    interval_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -49,17 +91,24 @@ struct ServeArgs {
 
 fn main() -> ProcessExit {
     let cli = Cli::parse();
-    init_logging();
+    // The inspection commands print their answer on stdout; info logs would only repeat it.
+    let default_filter = match cli.command {
+        Command::Board(_) | Command::Thermal(_) => "warn",
+        Command::Serve(_) | Command::Check(_) => "info,llama-cpp-2=warn",
+    };
+    init_logging(default_filter);
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Board(args) => board(args),
+        Command::Thermal(args) => thermal(args),
     }
     .into()
 }
 
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,llama-cpp-2=warn"));
+fn init_logging(default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -135,6 +184,85 @@ fn check(args: CheckArgs) -> ExitCode {
         ExitCode::Clean
     } else {
         ExitCode::MemoryRefused
+    }
+}
+
+fn board(args: BoardArgs) -> ExitCode {
+    let roots = Roots {
+        proc_root: args.proc_root,
+        sys_root: args.sysfs_root,
+    };
+    match Detector::new(roots).with_override(args.board).detect() {
+        Ok(detection) => match print(&render_detection(&detection)) {
+            Printed::Yes | Printed::PipeClosed => ExitCode::Clean,
+            Printed::Failed => ExitCode::Usage,
+        },
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::Usage
+        }
+    }
+}
+
+fn thermal(args: ThermalArgs) -> ExitCode {
+    let settings = ThermalSettings {
+        board: args.board,
+        roots: Roots {
+            proc_root: args.proc_root,
+            sys_root: args.sysfs_root,
+        },
+        ..ThermalSettings::default()
+    };
+    let mut probe = match Probe::open(&settings) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            return ExitCode::Usage;
+        }
+    };
+    let interval = Duration::from_millis(args.interval_ms);
+    let clear = args.watch && std::io::stdout().is_terminal();
+    loop {
+        let table = match probe.sample() {
+            Ok(snapshot) => render_table(&snapshot),
+            Err(e) => {
+                tracing::error!("{:#}", anyhow::Error::from(e));
+                return ExitCode::Usage;
+            }
+        };
+        let page = if clear {
+            // Clear the screen and home the cursor: a live view, like `watch`.
+            format!("\x1b[2J\x1b[H{table}")
+        } else if args.watch {
+            format!("{table}\n")
+        } else {
+            table
+        };
+        match print(&page) {
+            Printed::Yes if args.watch => std::thread::sleep(interval),
+            Printed::Yes | Printed::PipeClosed => return ExitCode::Clean,
+            Printed::Failed => return ExitCode::Usage,
+        }
+    }
+}
+
+/// What became of a write to stdout.
+enum Printed {
+    Yes,
+    /// The reader left (`| head`): stop quietly.
+    PipeClosed,
+    Failed,
+}
+
+fn print(text: &str) -> Printed {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Printed::Yes,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Printed::PipeClosed,
+        Err(e) => {
+            tracing::error!("cannot write to stdout: {e}");
+            Printed::Failed
+        }
     }
 }
 

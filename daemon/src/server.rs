@@ -15,6 +15,7 @@ use crate::engine::{Engine, EngineConfig, EngineError, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::thermal::{ThermalGate, ThermalWatch, WatchError};
 
 /// Prompt tokens evaluated per decode step alongside running streams.
 const PREFILL_CHUNK: usize = 512;
@@ -30,6 +31,8 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Thermal(#[from] WatchError),
     #[error("model loader task failed: {0}")]
     Loader(String),
 }
@@ -38,6 +41,7 @@ impl ServeError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             Self::Bind { .. } => ExitCode::Usage,
+            Self::Thermal(e) => e.exit_code(),
             Self::Engine(_) | Self::Loader(_) => ExitCode::ModelLoad,
         }
     }
@@ -50,6 +54,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let started = Instant::now();
+    // Before bind: an unknown `--board` or an unreadable `--sysfs-root` is a usage error
+    // that must stop the daemon before anyone can connect.
+    let thermal = Arc::new(ThermalWatch::start(&config.thermal).await?);
     let addr = SocketAddr::new(config.host, config.port);
     let listener = TcpListener::bind(addr)
         .await
@@ -61,6 +68,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::default());
     let boot = Arc::new(boot);
     register_memory_metrics(&metrics, boot.clone());
+    thermal.register_metrics(&metrics);
     if boot.pinned_sha256.is_none() {
         log_weights_sha(&config);
     }
@@ -71,6 +79,7 @@ pub async fn run(
         engine: engine_rx,
         started,
         boot,
+        thermal: thermal.clone(),
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(
@@ -87,7 +96,8 @@ pub async fn run(
     let loader = tokio::task::spawn_blocking({
         let config = config.clone();
         let metrics = metrics.clone();
-        move || load_engine(&config, metrics)
+        let gate = thermal.gate();
+        move || load_engine(&config, metrics, gate)
     });
     let engine = tokio::select! {
         loaded = loader => match loaded {
@@ -149,7 +159,11 @@ pub async fn run(
     Ok(())
 }
 
-fn load_engine(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Engine, EngineError> {
+fn load_engine(
+    config: &ServeConfig,
+    metrics: Arc<Metrics>,
+    thermal: ThermalGate,
+) -> Result<Engine, EngineError> {
     let t0 = Instant::now();
     let model = Arc::new(LoadedModel::load(&config.model, config.model_id.clone())?);
     tracing::info!(
@@ -170,6 +184,7 @@ fn load_engine(config: &ServeConfig, metrics: Arc<Metrics>) -> Result<Engine, En
             prefill_chunk: PREFILL_CHUNK,
         },
         metrics,
+        thermal,
     )
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use model::{LoadedModel, ModelInfo};
 
 use crate::metrics::Metrics;
+use crate::thermal::ThermalGate;
 
 /// Errors the engine reports for one request or at start-up.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -26,6 +27,11 @@ pub enum EngineError {
     QueueFull { slots: usize, capacity: usize },
     #[error("request waited {waited_ms} ms in the queue, longer than the {timeout_ms} ms limit")]
     QueueTimeout { waited_ms: u64, timeout_ms: u64 },
+    #[error(
+        "the board is overheating ({celsius:.1} °C, critical at {critical:.1} °C): new requests \
+         are refused until it cools down; retry later"
+    )]
+    Overheated { celsius: f64, critical: f64 },
     #[error("the server is shutting down")]
     ShuttingDown,
     #[error("decode failed: {0}")]
@@ -42,6 +48,7 @@ impl EngineError {
         match self {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
+            Self::Overheated { .. } => "overheated",
             Self::ShuttingDown => "shutting_down",
             Self::Decode(_) => "decode_failed",
             Self::ModelLoad { .. } => "model_load_failed",
@@ -139,6 +146,8 @@ pub struct Load {
     pub queued: usize,
     /// KV cells reserved by running requests (prompt + max_tokens each).
     pub kv_reserved: u64,
+    /// Sequences that may decode at once now: the slots, fewer while the board is hot.
+    pub max_active: usize,
 }
 
 enum Command {
@@ -177,14 +186,19 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the decode thread around an already loaded model. Returns once the context
-    /// exists, so a failure here is a start-up failure, not a request failure.
+    /// exists, so a failure here is a start-up failure, not a request failure. `thermal`
+    /// lowers the admission cap while the board is hot and refuses new work when critical.
     pub fn start(
         model: Arc<LoadedModel>,
         config: EngineConfig,
         metrics: Arc<Metrics>,
+        thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let load = Arc::new(std::sync::Mutex::new(Load::default()));
+        let load = Arc::new(std::sync::Mutex::new(Load {
+            max_active: config.slots,
+            ..Load::default()
+        }));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_model = model.clone();
         let thread_config = config.clone();
@@ -199,6 +213,7 @@ impl Engine {
                     ready_tx,
                     metrics,
                     thread_load,
+                    thermal,
                 )
             })
             .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;

@@ -10,6 +10,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use inferloop_thermal::ThermalState;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -24,6 +25,7 @@ use super::{
     SamplingParams, Timings, Usage,
 };
 use crate::metrics::Metrics;
+use crate::thermal::ThermalGate;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
@@ -79,6 +81,9 @@ struct Worker<'m> {
     batch: LlamaBatch<'static>,
     metrics: Arc<Metrics>,
     load: Arc<Mutex<Load>>,
+    thermal: ThermalGate,
+    /// The thermal state the admission cap was last set for.
+    thermal_state: ThermalState,
 }
 
 pub(super) fn run(
@@ -88,6 +93,7 @@ pub(super) fn run(
     ready: Sender<Result<(), EngineError>>,
     metrics: Arc<Metrics>,
     load: Arc<Mutex<Load>>,
+    thermal: ThermalGate,
 ) {
     let slots = config.slots;
     let full = config.ctx.saturating_mul(slots as u32);
@@ -132,6 +138,8 @@ pub(super) fn run(
         config,
         metrics,
         load,
+        thermal,
+        thermal_state: ThermalState::Normal,
     };
     if ready.send(Ok(())).is_err() {
         return;
@@ -167,6 +175,7 @@ impl Worker<'_> {
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
                 }
             }
+            self.follow_thermal();
             self.expire_waiters();
             self.admit_waiters();
             self.publish_load();
@@ -187,12 +196,16 @@ impl Worker<'_> {
                 accepted,
             } => {
                 let job = Job { request, events };
-                let reply = match self.state.offer(job, Instant::now()) {
-                    Ok(()) => Ok(()),
-                    Err((_, _job)) => Err(EngineError::QueueFull {
-                        slots: self.state.slots(),
-                        capacity: self.state.queue_capacity(),
-                    }),
+                // Critical: refuse new work here, at submit; queued and running work goes on.
+                let reply = match self.thermal.refusal() {
+                    Some(refused) => Err(refused),
+                    None => match self.state.offer(job, Instant::now()) {
+                        Ok(()) => Ok(()),
+                        Err((_, _job)) => Err(EngineError::QueueFull {
+                            slots: self.state.slots(),
+                            capacity: self.state.queue_capacity(),
+                        }),
+                    },
                 };
                 // If the handler is gone, the job's event channel is closed too and the
                 // queue will discard it at dequeue.
@@ -203,6 +216,27 @@ impl Worker<'_> {
             }
             Command::Shutdown => false,
         }
+    }
+
+    /// Follows the sampler's thermal state: a `watch` borrow per iteration, and on a change
+    /// a new admission cap. Running sequences are never preempted; a lower cap only holds
+    /// back the next admissions.
+    fn follow_thermal(&mut self) {
+        let now = self.thermal.state();
+        if now == self.thermal_state {
+            return;
+        }
+        let slots = self.state.slots();
+        let cap = self.thermal.max_active(now, slots);
+        self.state.set_max_active(cap);
+        tracing::info!(
+            from = %self.thermal_state,
+            to = %now,
+            max_active = cap,
+            slots,
+            "thermal admission cap"
+        );
+        self.thermal_state = now;
     }
 
     fn expire_waiters(&mut self) {
@@ -423,11 +457,15 @@ impl Worker<'_> {
         self.metrics.active_slots.set(active as i64);
         self.metrics.queue_depth.set(queued as i64);
         self.metrics.kv_reserved_cells.set(kv_reserved as i64);
+        let max_active = self
+            .thermal
+            .max_active(self.thermal_state, self.state.slots());
         if let Ok(mut l) = self.load.lock() {
             *l = Load {
                 active,
                 queued,
                 kv_reserved,
+                max_active,
             };
         }
     }

@@ -8,6 +8,10 @@ use serde::Serialize;
 use crate::engine::EngineError;
 use crate::validate::InvalidRequest;
 
+/// `Retry-After` while the board is critical: cooling by the hysteresis takes a while, and
+/// clients retrying every second would only add load.
+pub const OVERHEATED_RETRY_AFTER_SECS: u64 = 10;
+
 /// An error ready to be sent to the client.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -181,6 +185,11 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
                     .code("queue_timeout")
                     .retry_after(1)
+            }
+            EngineError::Overheated { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                    .code("overheated")
+                    .retry_after(OVERHEATED_RETRY_AFTER_SECS)
             }
             EngineError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)

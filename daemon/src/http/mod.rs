@@ -27,6 +27,7 @@ use crate::boot::Passed;
 use crate::config::ServeConfig;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::thermal::ThermalWatch;
 use error::ApiError;
 
 /// Everything a handler may need. Cloned per request (it is a handful of `Arc`s).
@@ -39,6 +40,8 @@ pub struct AppState {
     pub started: Instant,
     /// What the boot gates established (memory ledger, pinned hashes).
     pub boot: Arc<Passed>,
+    /// The detected board and the thermal sampler.
+    pub thermal: Arc<ThermalWatch>,
 }
 
 impl AppState {
@@ -56,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/status", get(routes::status))
+        .route("/v1/thermal", get(routes::thermal))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

@@ -1,9 +1,10 @@
-//! Small routes: models, health, readiness, metrics and status.
+//! Small routes: models, health, readiness, metrics, status and thermal history.
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use inferloop_thermal::{Snapshot, ThermalState};
 use serde_json::json;
 
 use super::error::ApiError;
@@ -70,7 +71,28 @@ pub async fn status(State(state): State<AppState>) -> Response {
     let engine = state.engine.borrow().clone();
     let cfg = &state.config;
     let load = engine.as_ref().map(|e| e.load()).unwrap_or_default();
+    let max_active = if engine.is_some() {
+        load.max_active
+    } else {
+        cfg.slots
+    };
     let model = engine.as_ref().map(|e| e.model().info().clone());
+    let watch = &state.thermal;
+    let board = watch.detection().map(|d| {
+        json!({
+            "name": d.profile.name,
+            "description": d.profile.description,
+            "reason": d.reason.to_string(),
+            "rule": d.reason.kind(),
+        })
+    });
+    // State and temperature from the one reading shown, so the three always agree.
+    let latest = watch.latest();
+    let thermal_state = latest
+        .as_ref()
+        .and_then(|s| s.thermal_state)
+        .unwrap_or(ThermalState::Normal);
+    let celsius = latest.as_deref().and_then(|s| watch.driving_celsius(s));
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "ready": engine.is_some(),
@@ -80,6 +102,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "total": cfg.slots,
             "active": load.active,
             "idle": cfg.slots.saturating_sub(load.active),
+            "max_active": max_active,
             "ctx_per_slot": cfg.ctx,
         },
         "queue": {
@@ -106,12 +129,41 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "manifest_sha256": &state.boot.manifest_sha256,
             "weights_sha256": &state.boot.pinned_sha256,
         },
+        "board": board,
+        "thermal": {
+            "state": thermal_state,
+            "celsius": celsius,
+            "hot_celsius": watch.admission().hot_c,
+            "critical_celsius": watch.admission().critical_c,
+            "hysteresis_celsius": watch.admission().hysteresis_c,
+            "hot_fraction": watch.admission().hot_fraction,
+            "zones": &watch.admission().zones,
+            "snapshot": latest.as_deref(),
+        },
         "threads": cfg.threads,
         "requests": {
             "generated_tokens_total": state.metrics.generated_tokens_total.get(),
             "prompt_tokens_total": state.metrics.prompt_tokens_total.get(),
             "cancelled_total": state.metrics.cancelled_total.get(),
         },
+    }))
+    .into_response()
+}
+
+/// The kept thermal readings, oldest first (`GET /v1/thermal`).
+pub async fn thermal(State(state): State<AppState>) -> Response {
+    let watch = &state.thermal;
+    let history = watch.history();
+    let readings: Vec<&Snapshot> = history.iter().map(|s| &**s).collect();
+    let thermal_state = readings
+        .last()
+        .and_then(|s| s.thermal_state)
+        .unwrap_or(ThermalState::Normal);
+    Json(json!({
+        "state": thermal_state,
+        "interval_ms": watch.interval().as_millis() as u64,
+        "capacity": crate::thermal::HISTORY,
+        "history": readings,
     }))
     .into_response()
 }

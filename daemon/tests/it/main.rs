@@ -14,3 +14,4 @@ mod lifecycle;
 mod load;
 mod memory;
 mod stream;
+mod thermal;
