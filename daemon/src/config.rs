@@ -9,6 +9,9 @@ use inferloop_board::Roots;
 use inferloop_thermal::AdmissionConfig;
 use serde::Deserialize;
 
+/// Where an InferLoop image bakes its manifest; used when `--manifest` is not given.
+pub const DEFAULT_MANIFEST: &str = "/etc/inferloop/manifest.json";
+
 /// Default model location used by `make run`.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -88,6 +91,7 @@ pub struct ServeLayer {
     #[arg(long)]
     pub read_timeout_secs: Option<u64>,
     /// Manifest pinning the weights' SHA-256 and size; mismatches refuse to start (exit 3).
+    /// Default: /etc/inferloop/manifest.json when that file exists (what images bake in).
     #[arg(long)]
     pub manifest: Option<PathBuf>,
     /// Writable directory for state such as the verified-weights cache.
@@ -383,7 +387,12 @@ impl ServeConfig {
             message: message.to_string(),
         };
         let thermal = ThermalSettings::from_layer(&l)?;
-        let model = match (l.model, &l.manifest) {
+        // On a device the image bakes its manifest here; the daemon honours it unasked.
+        let manifest = l.manifest.or_else(|| {
+            let baked = Path::new(DEFAULT_MANIFEST);
+            baked.is_file().then(|| baked.to_path_buf())
+        });
+        let model = match (l.model, &manifest) {
             (Some(m), _) => m,
             (None, Some(manifest)) => pinned_model_path(manifest),
             (None, None) => PathBuf::from(DEFAULT_MODEL),
@@ -439,7 +448,7 @@ impl ServeConfig {
         Ok(Self {
             model,
             model_id,
-            manifest: l.manifest,
+            manifest,
             state_dir: l.state_dir,
             memory_budget: l.memory_budget_mb.map(|mb| mb << 20),
             memory_margin: l.memory_margin_mb.map(|mb| mb << 20),

@@ -12,6 +12,7 @@
 //! - [`metrics`]: Prometheus series.
 //! - [`thermal`]: board detection and the thermal watch: the sampler, the admission gate the
 //!   decode thread reads, the thermal metrics, and the readings for `inferloopd thermal`.
+//! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`server`]: the process lifecycle: bind, load, ready, drain on shutdown.
 //! - [`exit`]: the documented exit codes.
 
@@ -22,6 +23,7 @@ pub mod exit;
 pub mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod notify;
 pub mod server;
 pub mod thermal;
 pub mod validate;

@@ -15,6 +15,7 @@ use crate::engine::{Engine, EngineConfig, EngineError, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 use crate::thermal::{ThermalGate, ThermalWatch, WatchError};
 
 /// Prompt tokens evaluated per decode step alongside running streams.
@@ -73,6 +74,9 @@ pub async fn run(
         log_weights_sha(&config);
     }
     let (engine_tx, engine_rx) = watch::channel(None);
+    // Raised when the drain deadline passes: open streams end with an error frame at once
+    // instead of waiting for the decode thread's next step.
+    let (cancel_tx, cancel_rx) = watch::channel(false);
     let app = http::router(AppState {
         config: config.clone(),
         metrics: metrics.clone(),
@@ -80,6 +84,7 @@ pub async fn run(
         started,
         boot,
         thermal: thermal.clone(),
+        cancel: cancel_rx,
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(
@@ -128,8 +133,18 @@ pub async fn run(
         "ready"
     );
     engine_tx.send_replace(Some(engine.clone()));
+    let notifier = Notifier::from_env().map(Arc::new);
+    if let Some(n) = &notifier {
+        n.notify("READY=1");
+        if let Some(every) = n.watchdog_every {
+            tokio::spawn(feed_watchdog(n.clone(), engine.clone(), every));
+        }
+    }
 
     shutdown.await;
+    if let Some(n) = &notifier {
+        n.notify("STOPPING=1");
+    }
     tracing::info!(
         deadline_s = config.shutdown_timeout.as_secs(),
         "shutting down: no new connections, draining in-flight requests"
@@ -149,6 +164,7 @@ pub async fn run(
         () = &mut drained => tracing::info!("all requests finished"),
         () = tokio::time::sleep(config.shutdown_timeout) => {
             tracing::warn!("drain deadline passed; cancelling remaining requests");
+            cancel_tx.send_replace(true);
             engine.shutdown();
             if tokio::time::timeout(CANCEL_GRACE, &mut drained).await.is_err() {
                 tracing::warn!("some connections did not close in time");
@@ -186,6 +202,26 @@ fn load_engine(
         metrics,
         thermal,
     )
+}
+
+/// Pings systemd's watchdog while the decode loop keeps turning. A decode thread stuck for
+/// longer than the ping interval stops the pings, so systemd restarts the daemon.
+async fn feed_watchdog(notifier: Arc<Notifier>, engine: Engine, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    let mut stalled = false;
+    loop {
+        tick.tick().await;
+        let fresh = engine.since_heartbeat().is_some_and(|age| age < every);
+        if fresh {
+            notifier.notify("WATCHDOG=1");
+        } else if !stalled {
+            tracing::error!(
+                interval_ms = every.as_millis() as u64,
+                "decode loop has not turned within the watchdog interval; withholding WATCHDOG=1"
+            );
+        }
+        stalled = !fresh;
+    }
 }
 
 fn register_memory_metrics(metrics: &Metrics, boot: Arc<Passed>) {

@@ -148,6 +148,10 @@ pub struct Load {
     pub kv_reserved: u64,
     /// Sequences that may decode at once now: the slots, fewer while the board is hot.
     pub max_active: usize,
+    /// When the decode loop last went round; the systemd watchdog is fed only while this
+    /// stays fresh.
+    #[serde(skip)]
+    pub beat: Option<std::time::Instant>,
 }
 
 enum Command {
@@ -237,6 +241,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// How long since the decode loop last went round (`None` before its first turn).
+    pub fn since_heartbeat(&self) -> Option<Duration> {
+        self.load().beat.map(|t| t.elapsed())
     }
 
     pub fn load(&self) -> Load {

@@ -466,6 +466,7 @@ impl Worker<'_> {
                 queued,
                 kv_reserved,
                 max_active,
+                beat: Some(Instant::now()),
             };
         }
     }

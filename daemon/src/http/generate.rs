@@ -124,9 +124,11 @@ async fn start(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let echo = (req.echo && shape == Shape::Completion).then_some(prompt_text);
+    let cancel = state.cancel.clone();
     if req.stream {
         stream(
             events,
+            cancel,
             Framer {
                 shape,
                 id,
@@ -138,7 +140,11 @@ async fn start(
         )
         .await
     } else {
-        collect(events, shape, id, object, created, model_id, echo).await
+        tokio::select! {
+            biased;
+            _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
+            r = collect(events, shape, id, object, created, model_id, echo) => r,
+        }
     }
 }
 
@@ -163,6 +169,7 @@ async fn tokenize(engine: &Engine, input: Input) -> Result<(String, Vec<i32>), A
 /// Waits for a slot before sending headers, so queue errors (503) keep their status code.
 async fn stream(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    cancel: tokio::sync::watch::Receiver<bool>,
     framer: Framer,
     echo: Option<String>,
 ) -> Result<Response, ApiError> {
@@ -172,7 +179,16 @@ async fn stream(
         Some(_) | None => return Err(ApiError::internal("engine sent no admission")),
     }
     let opening = framer.opening(echo.as_deref());
-    Ok(sse::response(sse::events_to_body(framer, opening, events)))
+    Ok(sse::response(sse::events_to_body(
+        framer, opening, events, cancel,
+    )))
+}
+
+/// Resolves once shutdown cancels in-flight requests (never, if the sender is kept).
+async fn wait_cancelled(mut cancel: tokio::sync::watch::Receiver<bool>) {
+    if cancel.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn collect(

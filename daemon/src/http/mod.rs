@@ -42,6 +42,8 @@ pub struct AppState {
     pub boot: Arc<Passed>,
     /// The detected board and the thermal sampler.
     pub thermal: Arc<ThermalWatch>,
+    /// Becomes `true` when shutdown gives up on in-flight requests.
+    pub cancel: watch::Receiver<bool>,
 }
 
 impl AppState {

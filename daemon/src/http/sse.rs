@@ -11,6 +11,7 @@ use bytes::Bytes;
 use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
 
 use super::error::ApiError;
 use super::wire::{ChatChunk, ChunkChoice, CompletionChunk, CompletionChunkChoice, Delta};
@@ -171,16 +172,26 @@ fn error_frame(e: &ApiError) -> Bytes {
 }
 
 /// Turns the engine's events into the SSE body. Dropping the body (client gone) drops the
-/// receiver, which the decode thread sees after its current step.
+/// receiver, which the decode thread sees after its current step. `cancel` ends the stream
+/// with a `shutting_down` error frame at once when shutdown gives up on it.
 pub fn events_to_body(
     framer: Framer,
     opening: Option<Bytes>,
     events: UnboundedReceiver<Event>,
+    cancel: watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    let rest = stream::unfold(Some((events, framer)), |state| async move {
-        let (mut events, framer) = state?;
+    let rest = stream::unfold(Some((events, framer, cancel)), |state| async move {
+        let (mut events, framer, mut cancel) = state?;
+        let shutting_down = || {
+            let e: ApiError = EngineError::ShuttingDown.into();
+            error_frame(&e)
+        };
         loop {
-            let next = tokio::time::timeout(KEEPALIVE_EVERY, events.recv()).await;
+            let next = tokio::select! {
+                biased;
+                _ = cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
+                next = tokio::time::timeout(KEEPALIVE_EVERY, events.recv()) => next,
+            };
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
                 Ok(Some(Event::Admitted { .. })) => continue,
@@ -191,12 +202,9 @@ pub fn events_to_body(
                     timings,
                 })) => return Some((framer.closing(reason, usage, timings), None)),
                 Ok(Some(Event::Failed(e))) => return Some((error_frame(&e.into()), None)),
-                Ok(None) => {
-                    let e: ApiError = EngineError::ShuttingDown.into();
-                    return Some((error_frame(&e), None));
-                }
+                Ok(None) => return Some((shutting_down(), None)),
             };
-            return Some((bytes, Some((events, framer))));
+            return Some((bytes, Some((events, framer, cancel))));
         }
     });
     stream::iter(opening).chain(rest).map(Ok)

@@ -74,7 +74,12 @@ impl Daemon {
     }
 
     pub fn try_start(args: &[&str]) -> Result<Daemon, String> {
-        let mut daemon = spawn(args)?;
+        Self::try_start_with_env(args, &[])
+    }
+
+    /// Like [`Daemon::try_start`], with extra environment variables for this daemon only.
+    pub fn try_start_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
+        let mut daemon = spawn(args, env)?;
         daemon.addr = daemon.wait_for_address()?;
         daemon.wait_ready()?;
         Ok(daemon)
@@ -83,7 +88,7 @@ impl Daemon {
     /// Runs the daemon with `args` and expects it to exit on its own within `timeout`;
     /// returns the exit status and everything it logged.
     pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
-        let mut daemon = spawn(args).unwrap_or_else(|e| panic!("{e}"));
+        let mut daemon = spawn(args, &[]).unwrap_or_else(|e| panic!("{e}"));
         let Some(status) = daemon.wait_exit(timeout) else {
             panic!(
                 "daemon still running after {timeout:?}; log:\n{}",
@@ -324,7 +329,7 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(args: &[&str]) -> Result<Daemon, String> {
+fn spawn(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
     let model = find_model()?;
     let model = model.to_string_lossy().into_owned();
     let mut argv: Vec<String> = vec!["serve".into()];
@@ -357,6 +362,7 @@ fn spawn(args: &[&str]) -> Result<Daemon, String> {
             cmd.env_remove(key);
         }
     }
+    cmd.envs(env.iter().copied());
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe. It makes the daemon die with the thread that spawned it, so a
     // crashed or killed test run leaves no daemon behind.
