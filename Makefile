@@ -41,6 +41,9 @@ help:
 	@echo "  build    cargo build --release"
 	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
+	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
+	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
+	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
 	@echo "  fmt, clippy, clean"
 
 deps:
@@ -95,3 +98,60 @@ clippy:
 clean:
 	cargo clean
 	rm -rf $(VENV) bench/results
+
+# --- Images for the board (issue 6) ------------------------------------------------------
+#
+#   make cross       cross-build inferloopd for aarch64 (Orin) -> $(CROSS_BIN)
+#   make cross-test  run it under qemu: --version and one short generation
+#   make image       build $(IMAGE_SPEC) into $(IMAGE_OUT)/ and verify it
+#
+# The cross build is not part of `make test` (minutes of llama.cpp C++ for another CPU).
+
+CROSS_TARGET := aarch64-unknown-linux-gnu
+CROSS_BIN    := target/$(CROSS_TARGET)/release/inferloopd
+IMAGE_SPEC   ?= image/examples/orin-nx-16gb.toml
+IMAGE_OUT    ?= out/image
+IMAGE_BIN    := target/release/inferloop-image
+# Every timestamp in the image: the last commit's time, so rebuilding a commit gives the
+# same bytes. Override to rebuild an older image exactly.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: cross cross-test image image-tool base-rootfs
+
+cross:
+	scripts/cross-build.sh
+
+$(CROSS_BIN):
+	scripts/cross-build.sh
+
+cross-test: model $(CROSS_BIN)
+	scripts/cross-test.sh
+
+image-tool: deps
+	cargo build --release $(LOCKED) -p inferloop-image
+
+base-rootfs:
+	scripts/make-base-rootfs.sh out/base-rootfs
+
+image: image-tool base-rootfs $(CROSS_BIN)
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(IMAGE_SPEC) --out $(IMAGE_OUT)
+	$(IMAGE_BIN) verify --manifest $(IMAGE_OUT)/manifest.json
+	$(IMAGE_BIN) inspect $(IMAGE_OUT)/manifest.json
+
+# --- Qualification (issue 5) ---------------------------------------------------------------
+#
+#   make qual   build release, run all 385 checks in spawn mode on $(MODEL) (the suite starts
+#               every daemon it needs), write report.{json,md,html} into $(QUAL_OUT)/
+#
+# QUAL_ARGS passes flags to inferloop-qual, e.g. QUAL_ARGS="--filter stream --jobs 2".
+# Exit status: 0 nothing failed (skips are explained in the report), 1 a case failed.
+
+QUAL_OUT  ?= out/qual
+QUAL_ARGS ?=
+QUAL_BIN  := target/release/inferloop-qual
+
+.PHONY: qual
+
+qual: deps model
+	cargo build --release $(LOCKED) -p inferloopd -p inferloop-qual
+	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL) --report $(QUAL_OUT) $(QUAL_ARGS)

@@ -11,6 +11,7 @@ set -euo pipefail
 
 # build-essential: C/C++ compiler and make for llama.cpp's CMake build.
 # clang + libclang-dev: bindgen in llama-cpp-sys-2 ("Unable to find libclang").
+# squashfs-tools, erofs-utils, zstd: inferloop-image packs and unpacks root filesystem images.
 APT_PACKAGES=(
     build-essential
     ca-certificates
@@ -21,6 +22,9 @@ APT_PACKAGES=(
     python3
     python3-pip
     python3-venv
+    squashfs-tools
+    erofs-utils
+    zstd
 )
 MIN_RUST="1.85.0" # keep in step with rust-version in Cargo.toml
 

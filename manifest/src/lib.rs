@@ -2,15 +2,22 @@
 //! daemon (which refuses weights that do not match) and the image builder (which writes it).
 //!
 //! # Layout
-//! - [`schema`]: the types, strict parsing (unknown fields are errors) and per-stage checks.
+//! - [`schema`]: the types, strict parsing (unknown fields are errors) and per-stage checks
+//!   (`check_for_serve`, `check_for_build`, `check_for_install`).
+//! - [`image`]: the optional sections an image manifest adds (file list, daemon, tools,
+//!   artifacts), and where the image carries its own copy.
 //! - [`hash`]: streaming SHA-256 of files with progress reporting.
 //! - [`verify`]: weights against a pin, with an optional verified-result cache.
 
 pub mod hash;
+pub mod image;
 pub mod schema;
 pub mod verify;
 
-pub use schema::{Loaded, Manifest, ModelPin, SCHEMA_VERSION};
+pub use image::{
+    Artifact, Artifacts, DaemonPin, FileEntry, FileKind, ImageFormat, ImageInfo, Tools, BAKED_PATH,
+};
+pub use schema::{Loaded, Manifest, ModelPin, Placement, SCHEMA_VERSION};
 pub use verify::{verify_weights, Verified, VerifyCache};
 
 /// Everything that can go wrong reading a manifest or checking weights against it.
@@ -36,6 +43,20 @@ pub enum IntegrityError {
         path: String,
         field: &'static str,
         message: String,
+    },
+    #[error("manifest {path}: the `{section}` section is missing")]
+    MissingSection { path: String, section: &'static str },
+    #[error("manifest {path}: the `{section}` section must not be here: {reason}")]
+    UnexpectedSection {
+        path: String,
+        section: &'static str,
+        reason: &'static str,
+    },
+    #[error("manifest {path} is for board `{compatible}`, not `{board}`")]
+    Incompatible {
+        path: String,
+        compatible: String,
+        board: String,
     },
     #[error("weights {path} are missing: {source}")]
     WeightsMissing {
@@ -69,6 +90,9 @@ impl IntegrityError {
             Self::ManifestParse { .. } => "manifest_parse",
             Self::UnsupportedSchema { .. } => "unsupported_schema",
             Self::BadField { .. } => "bad_field",
+            Self::MissingSection { .. } => "missing_section",
+            Self::UnexpectedSection { .. } => "unexpected_section",
+            Self::Incompatible { .. } => "incompatible",
             Self::WeightsMissing { .. } => "weights_missing",
             Self::SizeMismatch { .. } => "size_mismatch",
             Self::HashMismatch { .. } => "hash_mismatch",

@@ -111,6 +111,7 @@ fn cache_skips_rehash_until_the_file_changes() {
         path: "w.bin".into(),
         sha256: inferloop_manifest::hash::sha256_bytes(b"weights v1"),
         size: 10,
+        placement: None,
     };
     let cache = VerifyCache::in_dir(dir.path());
     assert_eq!(
@@ -128,4 +129,172 @@ fn cache_skips_rehash_until_the_file_changes() {
         verify_weights(&weights, &pin, Some(&cache)),
         Err(IntegrityError::HashMismatch { .. })
     ));
+}
+
+// --- image manifests (written by inferloop-image) ---------------------------------------
+
+fn load(name: &str) -> Result<inferloop_manifest::Loaded, IntegrityError> {
+    Manifest::load(&fixture(name))
+}
+
+fn build_check(name: &str) -> Result<(), IntegrityError> {
+    let loaded = load(name)?;
+    loaded.manifest.check_for_build(&loaded.path)
+}
+
+fn install_check(name: &str, board: Option<&str>) -> Result<(), IntegrityError> {
+    let loaded = load(name)?;
+    loaded.manifest.check_for_install(&loaded.path, board)
+}
+
+fn bad_field(result: Result<(), IntegrityError>) -> (&'static str, String) {
+    match result {
+        Err(IntegrityError::BadField { field, message, .. }) => (field, message),
+        other => panic!("expected BadField, got {other:?}"),
+    }
+}
+
+#[test]
+fn good_baked_manifest_passes_the_build_checks() {
+    build_check("good-baked-manifest.json").expect("good");
+}
+
+#[test]
+fn good_image_manifest_passes_the_install_checks_for_its_board() {
+    install_check("good-image-manifest.json", Some("jetson-orin-nx-16gb")).expect("good");
+    install_check("good-image-manifest.json", None).expect("good without a board");
+}
+
+#[test]
+fn image_manifest_still_passes_the_daemon_serve_checks() {
+    let loaded = load("good-image-manifest.json").expect("parses");
+    loaded
+        .manifest
+        .check_for_serve(&loaded.path)
+        .expect("serve");
+}
+
+#[test]
+fn daemon_only_manifest_has_no_image_section_for_a_build() {
+    assert!(matches!(
+        build_check("good-manifest.json"),
+        Err(IntegrityError::MissingSection {
+            section: "image",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn baked_manifest_is_not_installable_without_artifacts() {
+    assert!(matches!(
+        install_check("good-baked-manifest.json", None),
+        Err(IntegrityError::MissingSection {
+            section: "artifacts",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn image_manifest_with_artifacts_cannot_be_baked() {
+    assert!(matches!(
+        build_check("good-image-manifest.json"),
+        Err(IntegrityError::UnexpectedSection {
+            section: "artifacts",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn image_manifest_for_another_board_is_incompatible() {
+    match install_check("good-image-manifest.json", Some("jetson-orin-nano-8gb")) {
+        Err(e @ IntegrityError::Incompatible { .. }) => {
+            assert_eq!(e.kind(), "incompatible");
+            let text = e.to_string();
+            assert!(text.contains("jetson-orin-nx-16gb") && text.contains("jetson-orin-nano-8gb"));
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
+}
+
+#[test]
+fn stripping_artifacts_gives_back_the_baked_bytes() {
+    let beside = load("good-image-manifest.json").expect("beside").manifest;
+    let baked = std::fs::read(fixture("good-baked-manifest.json")).expect("read");
+    assert_eq!(
+        String::from_utf8(beside.baked().to_json_bytes()).expect("utf8"),
+        String::from_utf8(baked).expect("utf8")
+    );
+}
+
+#[test]
+fn unknown_field_image_manifest_is_rejected() {
+    match load("unknown-field-image-manifest.json") {
+        Err(IntegrityError::ManifestParse { message, .. }) => {
+            assert!(message.contains("setuid"), "{message}")
+        }
+        other => panic!("expected ManifestParse, got {other:?}"),
+    }
+}
+
+#[test]
+fn artifacts_without_image_manifest_is_a_parse_error() {
+    match load("artifacts-without-image-manifest.json") {
+        Err(IntegrityError::ManifestParse { message, .. }) => {
+            assert!(message.contains("image"), "{message}")
+        }
+        other => panic!("expected ManifestParse, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_mode_manifest_names_the_mode() {
+    match load("bad-mode-manifest.json") {
+        Err(IntegrityError::ManifestParse { message, .. }) => {
+            assert!(message.contains("four octal digits"), "{message}")
+        }
+        other => panic!("expected ManifestParse, got {other:?}"),
+    }
+}
+
+#[test]
+fn unsorted_files_manifest_is_a_bad_file_list() {
+    let (field, message) = bad_field(build_check("unsorted-files-manifest.json"));
+    assert_eq!(field, "image.files");
+    assert!(message.contains("sorted"), "{message}");
+}
+
+#[test]
+fn self_listing_manifest_is_a_bad_file_list() {
+    let (field, message) = bad_field(build_check("self-listing-manifest.json"));
+    assert_eq!(field, "image.files");
+    assert!(
+        message.contains("/etc/inferloop/manifest.json"),
+        "{message}"
+    );
+}
+
+#[test]
+fn baked_model_not_listed_manifest_is_inconsistent() {
+    let (field, message) = bad_field(build_check("baked-model-not-listed-manifest.json"));
+    assert_eq!(field, "model");
+    assert!(message.contains("SmolLM2"), "{message}");
+}
+
+#[test]
+fn wrong_daemon_sha_manifest_is_inconsistent() {
+    let (field, _) = bad_field(build_check("wrong-daemon-sha-manifest.json"));
+    assert_eq!(field, "image.daemon");
+}
+
+#[test]
+fn modes_round_trip_as_four_octal_digits() {
+    let loaded = load("good-baked-manifest.json").expect("good");
+    let files = &loaded.manifest.image.as_ref().expect("image").files;
+    let su = files.iter().find(|e| e.path == "/usr/bin/su").expect("su");
+    assert_eq!(su.mode, 0o4755);
+    let tmp = files.iter().find(|e| e.path == "/tmp").expect("tmp");
+    assert_eq!(tmp.mode, 0o1777);
 }

@@ -1,0 +1,260 @@
+//! `inferloop-image build`: spec → staging tree → manifest → image, tarball and the manifest
+//! beside them. Outputs appear only when all of them are complete (renamed into place).
+
+use std::path::{Path, PathBuf};
+
+use inferloop_manifest::{
+    Artifact, Artifacts, DaemonPin, FileEntry, ImageInfo, Manifest, ModelPin, Placement, Tools,
+    BAKED_PATH, SCHEMA_VERSION,
+};
+
+use crate::error::ImageError;
+use crate::pack;
+use crate::progress::Progress;
+use crate::spec::{ModelInput, Spec, CONFIG_PATH, DAEMON_PATH};
+use crate::stage;
+use crate::tools;
+use crate::tree::{self, Specials};
+
+/// File name of the manifest written beside the image.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// File name of the tarball.
+pub const TARBALL_FILE: &str = "rootfs.tar.zst";
+
+/// How to build, apart from the spec.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildOptions {
+    /// Every timestamp in the outputs (`SOURCE_DATE_EPOCH`).
+    pub source_date_epoch: u64,
+    pub progress: Progress,
+}
+
+/// What a build wrote.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub image: PathBuf,
+    pub tarball: PathBuf,
+    pub manifest_path: PathBuf,
+    /// The manifest beside the image (with `artifacts`).
+    pub manifest: Manifest,
+}
+
+/// Builds the image described by `spec` into `out`.
+pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, ImageError> {
+    let progress = &opts.progress;
+    let epoch = opts.source_date_epoch;
+    std::fs::create_dir_all(out).map_err(ImageError::io(out))?;
+    let work = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(out)
+        .map_err(ImageError::io(out))?;
+
+    // Missing tools fail before any copying.
+    let tools = Tools {
+        mksquashfs: match spec.format {
+            inferloop_manifest::ImageFormat::Squashfs => Some(tools::mksquashfs_version()?),
+            inferloop_manifest::ImageFormat::Erofs => None,
+        },
+        mkfs_erofs: match spec.format {
+            inferloop_manifest::ImageFormat::Erofs => Some(tools::mkfs_erofs_version(work.path())?),
+            inferloop_manifest::ImageFormat::Squashfs => None,
+        },
+        zstd: Some(pack::zstd_version()),
+    };
+
+    let root = work.path().join("root");
+    std::fs::create_dir(&root).map_err(ImageError::io(&root))?;
+    tree::set_mode(&root, 0o755)?;
+
+    tracing::info!(base = ?spec.base, "staging the base root filesystem");
+    stage::base(&spec.base, &root)?;
+    if let Some(overlay) = &spec.overlay {
+        tracing::info!(overlay = %overlay.display(), "applying the overlay");
+        stage::overlay(overlay, &root, &stage::template_vars(spec))?;
+        stage::sysusers(overlay, &root)?;
+    }
+
+    let daemon_dest = tree::join(&root, DAEMON_PATH);
+    tree::mkdir_p(daemon_dest.parent().unwrap_or(&root))?;
+    replace_with_copy(&spec.daemon.path, &daemon_dest, 0o755)?;
+
+    if let ModelInput::Baked { file, .. } = &spec.model {
+        let dest = tree::join(&root, &spec.model.device_path());
+        tree::mkdir_p(dest.parent().unwrap_or(&root))?;
+        tracing::info!(model = %file.display(), "baking the model into the image");
+        replace_with_copy(file, &dest, 0o644)?;
+    }
+
+    let config_dest = tree::join(&root, CONFIG_PATH);
+    if std::fs::symlink_metadata(&config_dest).is_ok() {
+        return Err(ImageError::OverlayConflict {
+            path: config_dest,
+            message: format!(
+                "{CONFIG_PATH} is generated from the spec's [config]; remove it from the base and overlay"
+            ),
+        });
+    }
+    tree::write_file(&config_dest, stage::config_text(spec).as_bytes(), 0o644)?;
+    stage::mount_points(&root)?;
+
+    let nodes = tree::walk(&root, Specials::Refuse)?;
+    if nodes.iter().any(|n| n.path == BAKED_PATH) {
+        return Err(ImageError::OverlayConflict {
+            path: tree::join(&root, BAKED_PATH),
+            message: format!(
+                "{BAKED_PATH} is written by the builder; remove it from the base and overlay"
+            ),
+        });
+    }
+    let files = tree::entries(&nodes, BAKED_PATH, progress)?;
+    let manifest = manifest_for(spec, epoch, tools, files)?;
+    manifest.check_for_build(Path::new(BAKED_PATH))?;
+    let baked = manifest.to_json_bytes();
+    tree::write_file(&tree::join(&root, BAKED_PATH), &baked, 0o644)?;
+
+    let nodes = tree::walk(&root, Specials::Refuse)?;
+    let image_tmp = work.path().join(spec.format.file_name());
+    tracing::info!(format = spec.format.as_str(), "packing the image");
+    pack::image(spec.format, &root, &image_tmp, epoch, &baked, progress)?;
+    let tar_tmp = work.path().join(TARBALL_FILE);
+    tracing::info!("writing the tarball");
+    pack::tarball(&nodes, &tar_tmp, epoch, progress)?;
+
+    let beside = Manifest {
+        artifacts: Some(Artifacts {
+            image: artifact(&image_tmp, progress)?,
+            tarball: Some(artifact(&tar_tmp, progress)?),
+        }),
+        ..manifest
+    };
+    let manifest_path = out.join(MANIFEST_FILE);
+    beside.check_for_install(&manifest_path, Some(&spec.board.name))?;
+    let manifest_tmp = work.path().join(MANIFEST_FILE);
+    std::fs::write(&manifest_tmp, beside.to_json_bytes()).map_err(ImageError::io(&manifest_tmp))?;
+
+    let image = out.join(spec.format.file_name());
+    let tarball = out.join(TARBALL_FILE);
+    for (from, to) in [
+        (&image_tmp, &image),
+        (&tar_tmp, &tarball),
+        (&manifest_tmp, &manifest_path),
+    ] {
+        std::fs::rename(from, to).map_err(ImageError::io(to))?;
+    }
+    Ok(Built {
+        image,
+        tarball,
+        manifest_path,
+        manifest: beside,
+    })
+}
+
+/// The manifest to bake, from the hashed file list and the spec.
+fn manifest_for(
+    spec: &Spec,
+    epoch: u64,
+    tools: Tools,
+    files: Vec<FileEntry>,
+) -> Result<Manifest, ImageError> {
+    let find = |p: &str| files.iter().find(|e| e.path == p);
+    let listed = |p: &str| -> Result<(String, u64), ImageError> {
+        find(p)
+            .and_then(|e| Some((e.sha256.clone()?, e.size)))
+            .ok_or_else(|| ImageError::UnsupportedEntry {
+                path: PathBuf::from(p),
+                message: "was staged but is not a regular file in the image".into(),
+            })
+    };
+    let (daemon_sha, daemon_size) = listed(DAEMON_PATH)?;
+    let (config_sha, _) = listed(CONFIG_PATH)?;
+    let model = match &spec.model {
+        ModelInput::Baked { file, sha256, size } => {
+            let (actual_sha, actual_size) = listed(&spec.model.device_path())?;
+            if let Some(want) = size.filter(|w| *w != actual_size) {
+                return Err(ImageError::ModelMismatch {
+                    path: file.clone(),
+                    field: "size",
+                    expected: want.to_string(),
+                    actual: actual_size.to_string(),
+                });
+            }
+            if let Some(want) = sha256.as_ref().filter(|w| **w != actual_sha) {
+                return Err(ImageError::ModelMismatch {
+                    path: file.clone(),
+                    field: "sha256",
+                    expected: want.clone(),
+                    actual: actual_sha,
+                });
+            }
+            ModelPin {
+                path: spec.model.device_path(),
+                sha256: actual_sha,
+                size: actual_size,
+                placement: Some(Placement::Baked),
+            }
+        }
+        ModelInput::Mounted { path, sha256, size } => ModelPin {
+            path: path.clone(),
+            sha256: sha256.clone(),
+            size: *size,
+            placement: Some(Placement::Mounted),
+        },
+    };
+    Ok(Manifest {
+        schema: SCHEMA_VERSION,
+        model,
+        image: Some(ImageInfo {
+            version: spec.version.clone(),
+            compatible: spec.board.name.clone(),
+            build_time: epoch,
+            format: spec.format,
+            daemon: DaemonPin {
+                path: DAEMON_PATH.to_string(),
+                sha256: daemon_sha,
+                size: daemon_size,
+                target: spec.daemon.target.clone(),
+                version: spec.daemon.version.clone(),
+            },
+            config_sha256: config_sha,
+            tools,
+            files,
+        }),
+        artifacts: None,
+    })
+}
+
+/// Copies `src` over whatever is at `dest` (a base's own file, say) with `mode`.
+fn replace_with_copy(src: &Path, dest: &Path, mode: u32) -> Result<(), ImageError> {
+    match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => {
+            return Err(ImageError::OverlayConflict {
+                path: dest.to_path_buf(),
+                message: "is a directory in the base or overlay".into(),
+            })
+        }
+        Ok(_) => std::fs::remove_file(dest).map_err(ImageError::io(dest))?,
+        Err(_) => {}
+    }
+    std::fs::copy(src, dest).map_err(ImageError::io(src))?;
+    tree::set_mode(dest, mode)
+}
+
+fn artifact(path: &Path, progress: &Progress) -> Result<Artifact, ImageError> {
+    let size = std::fs::metadata(path).map_err(ImageError::io(path))?.len();
+    let bar = progress.bytes(size, "hashing");
+    let mut last = 0;
+    let sha256 = inferloop_manifest::hash::sha256_file(path, |done, _| {
+        bar.inc(done - last);
+        last = done;
+    })
+    .map_err(ImageError::io(path))?;
+    bar.finish_and_clear();
+    Ok(Artifact {
+        file: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        sha256,
+        size,
+    })
+}

@@ -1,0 +1,37 @@
+//! `inferloop-image`: builds what gets flashed to a board, a reproducible read-only root
+//! filesystem holding the daemon, its config and a baked manifest, and checks images
+//! against their manifests.
+//!
+//! # Layout
+//! - [`spec`]: the build spec (`image.toml`), strict TOML, checked against the board
+//!   profiles and the daemon's config keys before anything is built.
+//! - [`stage`]: the staging tree: base rootfs (directory or tarball), the `rootfs/` overlay
+//!   and its `*.in` templates, sysusers entries, the generated config, mount points.
+//! - [`tree`]: walking and copying trees; the manifest's sorted file list.
+//! - [`build`]: the whole build; outputs are renamed into place only when complete.
+//! - [`pack`]: mksquashfs / mkfs.erofs with every byte-affecting option pinned, and the
+//!   deterministic `rootfs.tar.zst`.
+//! - [`verify`]: image hash, unpacking, per-file comparison, every mismatch reported.
+//! - [`inspect`]: a manifest as a table.
+//! - [`tools`], [`elf`], [`progress`], [`error`]: external programs, the daemon's ELF
+//!   header, progress bars, the one error type.
+//!
+//! The manifest types themselves live in `inferloop-manifest`, shared with the daemon.
+
+pub mod build;
+pub mod elf;
+pub mod error;
+pub mod inspect;
+pub mod pack;
+pub mod progress;
+pub mod spec;
+pub mod stage;
+pub mod tools;
+pub mod tree;
+pub mod verify;
+
+pub use build::{build, BuildOptions, Built};
+pub use error::ImageError;
+pub use progress::Progress;
+pub use spec::Spec;
+pub use verify::{verify, Mismatch, Report, Subject};

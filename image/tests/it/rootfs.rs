@@ -1,0 +1,261 @@
+//! The committed `rootfs/` overlay and example spec, as the builder renders them.
+
+use std::path::{Path, PathBuf};
+
+use inferloop_image::spec::{DAEMON_CONFIG_KEYS, RESERVED_CONFIG_KEYS};
+use inferloop_image::tools::MKSQUASHFS;
+use inferloop_image::{ImageError, Spec};
+
+use crate::common::{fake_daemon, make_base, read, Fixture};
+use crate::require;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds the fixture and unpacks its tarball (no external unpacker needed).
+fn built_tree(f: &Fixture) -> PathBuf {
+    let built = f.build(&f.spec("squashfs"), "out");
+    let dest = f.path("unpacked");
+    let file = std::fs::File::open(&built.tarball).expect("open");
+    let mut archive = tar::Archive::new(zstd::Decoder::new(file).expect("zstd"));
+    archive.set_preserve_permissions(true);
+    archive.unpack(&dest).expect("unpack");
+    dest
+}
+
+fn text(path: &Path) -> String {
+    String::from_utf8(read(path)).expect("utf8")
+}
+
+#[test]
+fn overlay_renders_the_unit_config_users_and_mount_points() {
+    require!(
+        "overlay_renders_the_unit_config_users_and_mount_points",
+        MKSQUASHFS
+    );
+    let f = Fixture::new();
+    let root = built_tree(&f);
+
+    let unit = text(&root.join("etc/systemd/system/inferloopd.service"));
+    for line in [
+        "Type=notify",
+        "WatchdogSec=30",
+        "Restart=on-failure",
+        "RestartPreventExitStatus=1 2 3",
+        "MemoryMax=12G",
+        "ExecStart=/usr/bin/inferloopd serve --config /etc/inferloop/inferloopd.toml",
+        "ProtectSystem=strict",
+        "ReadWritePaths=/var/lib/inferloop /var/log/inferloop",
+        "RequiresMountsFor=/var/lib/inferloop /data/models",
+        "User=inferloop",
+        "NoNewPrivileges=yes",
+    ] {
+        assert!(
+            unit.lines().any(|l| l == line),
+            "unit lacks {line:?}:\n{unit}"
+        );
+    }
+    assert!(!unit.contains("@MEMORY_MAX@") && !unit.contains("@VERSION@"));
+    assert!(!root
+        .join("etc/systemd/system/inferloopd.service.in")
+        .exists());
+    assert_eq!(
+        std::fs::read_link(
+            root.join("etc/systemd/system/multi-user.target.wants/inferloopd.service")
+        )
+        .expect("enabled"),
+        Path::new("../inferloopd.service")
+    );
+
+    let config: toml::Table =
+        toml::from_str(&text(&root.join("etc/inferloop/inferloopd.toml"))).expect("toml");
+    assert_eq!(
+        config["manifest"].as_str(),
+        Some("/etc/inferloop/manifest.json")
+    );
+    assert_eq!(config["state_dir"].as_str(), Some("/var/lib/inferloop"));
+    assert_eq!(config["model"].as_str(), Some("/data/models/model.gguf"));
+    assert_eq!(config["slots"].as_integer(), Some(2));
+    for key in config.keys() {
+        assert!(DAEMON_CONFIG_KEYS.contains(&key.as_str()), "{key}");
+    }
+
+    let passwd = text(&root.join("etc/passwd"));
+    assert!(
+        passwd.contains(
+            "\ninferloop:x:951:951:InferLoop daemon:/var/lib/inferloop:/usr/sbin/nologin\n"
+        ),
+        "{passwd}"
+    );
+    assert!(text(&root.join("etc/group")).contains("inferloop:x:951:"));
+    for dir in [
+        "data",
+        "var/lib/inferloop",
+        "var/log",
+        "tmp",
+        "proc",
+        "sys",
+        "dev",
+        "run",
+    ] {
+        assert!(root.join(dir).is_dir(), "mount point {dir}");
+    }
+    assert_eq!(
+        read(&root.join("etc/machine-id")),
+        b"",
+        "empty: systemd fills it at boot"
+    );
+    assert!(text(&root.join("etc/fstab")).contains("LABEL=inferloop-data"));
+}
+
+#[test]
+fn rendered_unit_passes_systemd_analyze_verify() {
+    let Ok(status) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("SKIP rendered_unit_passes_systemd_analyze_verify: systemd-analyze not found");
+        return;
+    };
+    assert!(status.status.success());
+    let f = Fixture::new();
+    let spec = f.spec("squashfs");
+    let unit = read(&repo().join("rootfs/etc/systemd/system/inferloopd.service.in"));
+    let rendered = inferloop_image::stage::render(
+        std::str::from_utf8(&unit).expect("utf8"),
+        &inferloop_image::stage::template_vars(&spec),
+    )
+    .expect("render")
+    // The daemon is not installed on this host; verify would only complain about that.
+    .replace("/usr/bin/inferloopd", "/bin/true");
+    let path = f.path("inferloopd.service");
+    std::fs::write(&path, rendered).expect("write");
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let problems: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("inferloopd.service"))
+        .filter(|l| !l.contains("User=") && !l.contains("Failed to resolve user"))
+        .collect();
+    assert!(problems.is_empty(), "{stderr}");
+}
+
+#[test]
+fn config_keys_match_the_daemons_serve_layer() {
+    let source = text(&repo().join("daemon/src/config.rs"));
+    let start = source
+        .find("pub struct ServeLayer {")
+        .expect("ServeLayer in daemon/src/config.rs");
+    let body = &source[start..start + source[start..].find("\n}").expect("end of struct")];
+    let mut fields: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub "))
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name))
+        .filter(|name| !name.contains(' '))
+        .collect();
+    let mut keys = DAEMON_CONFIG_KEYS.to_vec();
+    fields.sort();
+    keys.sort();
+    assert_eq!(
+        keys, fields,
+        "update DAEMON_CONFIG_KEYS in image/src/spec.rs"
+    );
+    for key in RESERVED_CONFIG_KEYS {
+        assert!(DAEMON_CONFIG_KEYS.contains(key), "{key}");
+    }
+}
+
+/// The example spec, loaded where its relative paths exist (a fake cross-built daemon).
+#[test]
+fn example_spec_is_valid_and_pins_the_default_model() {
+    let f = Fixture::new();
+    let spec_text = text(&repo().join("image/examples/orin-nx-16gb.toml"));
+    let origin = f.path("image/examples/orin-nx-16gb.toml");
+    std::fs::create_dir_all(f.path("image/examples")).expect("mkdir");
+    fake_daemon(
+        &f.path("target/aarch64-unknown-linux-gnu/release/inferloopd"),
+        b"",
+    );
+    make_base(&f.path("out/base-rootfs"));
+    std::os::unix::fs::symlink(repo().join("rootfs"), f.path("rootfs")).expect("symlink");
+    let spec = Spec::from_toml(&spec_text, &origin).expect("example spec");
+    assert_eq!(spec.board.name, "jetson-orin-nx-16gb");
+    assert_eq!(
+        spec.daemon.version,
+        env!("CARGO_PKG_VERSION"),
+        "daemon.version follows the workspace"
+    );
+    let fetch = text(&repo().join("scripts/fetch-model.sh"));
+    match &spec.model {
+        inferloop_image::spec::ModelInput::Mounted { sha256, size, .. } => {
+            assert!(
+                fetch.contains(sha256.as_str()),
+                "the pin is the model make model fetches"
+            );
+            assert_eq!(*size, 98_362_432);
+        }
+        other => panic!("the example mounts the model: {other:?}"),
+    }
+}
+
+#[test]
+fn config_file_in_the_base_conflicts_with_the_generated_one() {
+    require!(
+        "config_file_in_the_base_conflicts_with_the_generated_one",
+        MKSQUASHFS
+    );
+    let f = Fixture::new();
+    crate::common::write(
+        &f.path("base/etc/inferloop/inferloopd.toml"),
+        b"port = 1\n",
+        0o644,
+    );
+    let spec = f.spec("squashfs");
+    assert!(matches!(
+        inferloop_image::build(&spec, &f.path("out"), &crate::common::options()),
+        Err(ImageError::OverlayConflict { .. })
+    ));
+    assert!(!f.path("out/manifest.json").exists(), "no partial outputs");
+}
+
+#[test]
+fn baked_model_with_a_wrong_pin_is_refused() {
+    require!("baked_model_with_a_wrong_pin_is_refused", MKSQUASHFS);
+    let f = Fixture::new();
+    let model = format!("file = \"model.gguf\"\nsha256 = \"{}\"", "0".repeat(64));
+    let spec = Spec::load(&f.write_spec(&f.spec_text("squashfs", &model, ""))).expect("spec");
+    assert!(matches!(
+        inferloop_image::build(&spec, &f.path("out"), &crate::common::options()),
+        Err(ImageError::ModelMismatch {
+            field: "sha256",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn baked_model_is_listed_in_the_image() {
+    require!("baked_model_is_listed_in_the_image", MKSQUASHFS);
+    let f = Fixture::new();
+    let spec = Spec::load(&f.write_spec(&f.spec_text("squashfs", "file = \"model.gguf\"", "")))
+        .expect("spec");
+    let built = f.build(&spec, "out");
+    let m = &built.manifest;
+    assert_eq!(m.model.path, "/usr/share/inferloop/models/model.gguf");
+    assert_eq!(
+        m.model.placement,
+        Some(inferloop_manifest::Placement::Baked)
+    );
+    let files = &m.image.as_ref().expect("image").files;
+    let entry = files
+        .iter()
+        .find(|e| e.path == m.model.path)
+        .expect("listed");
+    assert_eq!(entry.sha256.as_deref(), Some(m.model.sha256.as_str()));
+    assert_eq!(entry.mode, 0o644);
+}

@@ -1,0 +1,212 @@
+//! Spec errors name what to fix, as a distinct error variant.
+
+use inferloop_image::{ImageError, Spec};
+
+use crate::common::{fake_daemon, Fixture};
+
+fn load(f: &Fixture, text: &str) -> Result<Spec, ImageError> {
+    Spec::load(&f.write_spec(text))
+}
+
+fn good(f: &Fixture) -> String {
+    f.spec_text("squashfs", &Fixture::mounted_model(), "port = 8080")
+}
+
+#[test]
+fn good_spec_loads_with_paths_resolved_against_its_directory() {
+    let f = Fixture::new();
+    let spec = load(&f, &good(&f)).expect("good");
+    assert_eq!(spec.board.name, "jetson-orin-nx-16gb");
+    assert_eq!(spec.daemon.path, f.path("inferloopd"));
+    assert_eq!(spec.daemon.target, "aarch64-unknown-linux-gnu");
+    assert_eq!(spec.model.device_path(), "/data/models/model.gguf");
+}
+
+#[test]
+fn unknown_board_lists_the_known_ones() {
+    let f = Fixture::new();
+    match load(
+        &f,
+        &good(&f).replace("jetson-orin-nx-16gb", "jetson-nano-2gb"),
+    ) {
+        Err(e @ ImageError::UnknownBoard { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("jetson-nano-2gb") && text.contains("jetson-orin-nx-16gb"),
+                "{text}"
+            );
+            assert_eq!(e.kind(), "unknown_board");
+        }
+        other => panic!("expected UnknownBoard, got {other:?}"),
+    }
+}
+
+#[test]
+fn missing_model_file_names_the_field_and_path() {
+    let f = Fixture::new();
+    let text = f.spec_text("squashfs", "file = \"no-such-model.gguf\"", "");
+    match load(&f, &text) {
+        Err(
+            e @ ImageError::InputMissing {
+                field: "model.file",
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("no-such-model.gguf"), "{e}");
+        }
+        other => panic!("expected InputMissing model.file, got {other:?}"),
+    }
+}
+
+#[test]
+fn missing_daemon_names_the_field() {
+    let f = Fixture::new();
+    std::fs::remove_file(f.path("inferloopd")).expect("rm");
+    assert!(matches!(
+        load(&f, &good(&f)),
+        Err(ImageError::InputMissing {
+            field: "daemon.path",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn missing_base_names_the_field() {
+    let f = Fixture::new();
+    assert!(matches!(
+        load(
+            &f,
+            &good(&f).replace("base = \"base\"", "base = \"nowhere\"")
+        ),
+        Err(ImageError::InputMissing { field: "base", .. })
+    ));
+}
+
+#[test]
+fn host_daemon_in_an_aarch64_spec_is_refused() {
+    let f = Fixture::new();
+    let mut bytes = inferloop_image::elf::fake_header(0x3e);
+    bytes.extend_from_slice(b"x86 build");
+    std::fs::write(f.path("inferloopd"), bytes).expect("write");
+    let text = good(&f).replace(
+        "version = \"0.1.0\"",
+        "version = \"0.1.0\"\ntarget = \"aarch64-unknown-linux-gnu\"",
+    );
+    assert!(matches!(
+        load(&f, &text),
+        Err(ImageError::DaemonBinary { .. })
+    ));
+    fake_daemon(&f.path("inferloopd"), b"");
+    load(&f, &text).expect("aarch64 daemon is fine");
+}
+
+#[test]
+fn model_with_both_file_and_mount_is_ambiguous() {
+    let f = Fixture::new();
+    let model = format!("file = \"model.gguf\"\n{}", Fixture::mounted_model());
+    assert!(matches!(
+        load(&f, &f.spec_text("squashfs", &model, "")),
+        Err(ImageError::SpecInvalid { field: "model", .. })
+    ));
+}
+
+#[test]
+fn mounted_model_without_a_pin_is_refused() {
+    let f = Fixture::new();
+    assert!(matches!(
+        load(
+            &f,
+            &f.spec_text("squashfs", "mount = \"/data/models/m.gguf\"", "")
+        ),
+        Err(ImageError::SpecInvalid { field: "model", .. })
+    ));
+}
+
+#[test]
+fn unknown_spec_key_is_a_parse_error() {
+    let f = Fixture::new();
+    match load(&f, &format!("compression = \"xz\"\n{}", good(&f))) {
+        Err(ImageError::SpecParse { message, .. }) => {
+            assert!(message.contains("compression"), "{message}")
+        }
+        other => panic!("expected SpecParse, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_daemon_setting_is_refused_at_build_time() {
+    let f = Fixture::new();
+    match load(
+        &f,
+        &f.spec_text("squashfs", &Fixture::mounted_model(), "slot = 2"),
+    ) {
+        Err(ImageError::SpecInvalid {
+            field: "config",
+            message,
+        }) => {
+            assert!(message.contains("`slot`"), "{message}")
+        }
+        other => panic!("expected SpecInvalid config, got {other:?}"),
+    }
+}
+
+#[test]
+fn builder_owned_and_secret_settings_are_refused() {
+    let f = Fixture::new();
+    for key in [
+        "state_dir = \"/tmp\"",
+        "manifest = \"/m.json\"",
+        "api_key = \"secret\"",
+    ] {
+        assert!(
+            matches!(
+                load(&f, &f.spec_text("squashfs", &Fixture::mounted_model(), key)),
+                Err(ImageError::SpecInvalid {
+                    field: "config",
+                    ..
+                })
+            ),
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn memory_max_above_the_boards_dram_is_refused() {
+    let f = Fixture::new();
+    for (value, ok) in [
+        ("17G", false),
+        ("16G", true),
+        ("80%", true),
+        ("infinity", true),
+        ("12 G", false),
+        ("0", false),
+    ] {
+        let result = load(&f, &good(&f).replace("\"12G\"", &format!("\"{value}\"")));
+        match (ok, result) {
+            (true, Ok(_)) => {}
+            (
+                false,
+                Err(ImageError::SpecInvalid {
+                    field: "memory_max",
+                    ..
+                }),
+            ) => {}
+            (_, other) => panic!("memory_max {value}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn base_tarball_must_be_tar_or_tar_zst() {
+    let f = Fixture::new();
+    std::fs::write(f.path("base.tar.gz"), b"").expect("write");
+    assert!(matches!(
+        load(
+            &f,
+            &good(&f).replace("base = \"base\"", "base = \"base.tar.gz\"")
+        ),
+        Err(ImageError::SpecInvalid { field: "base", .. })
+    ));
+}
