@@ -20,6 +20,9 @@ use crate::thermal::{ThermalGate, ThermalWatch, WatchError};
 
 /// Prompt tokens evaluated per decode step alongside running streams.
 const PREFILL_CHUNK: usize = 512;
+/// How long exit waits for the decode thread to finish its current step and free the
+/// llama.cpp context.
+const DECODE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the drain deadline, how long cancelled streams get to send their last frame.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
@@ -172,6 +175,16 @@ pub async fn run(
         }
     }
     engine.shutdown();
+    let waiter = engine.clone();
+    let stopped = tokio::task::spawn_blocking(move || waiter.wait_stopped(DECODE_STOP_TIMEOUT))
+        .await
+        .unwrap_or(false);
+    if !stopped {
+        tracing::warn!(
+            timeout_s = DECODE_STOP_TIMEOUT.as_secs(),
+            "decode thread still busy at exit"
+        );
+    }
     Ok(())
 }
 

@@ -186,6 +186,8 @@ pub struct Engine {
     model: Arc<LoadedModel>,
     load: Arc<std::sync::Mutex<Load>>,
     config: Arc<EngineConfig>,
+    /// Set once the decode thread has returned (its context freed).
+    stopped: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
 }
 
 impl Engine {
@@ -207,6 +209,8 @@ impl Engine {
         let thread_model = model.clone();
         let thread_config = config.clone();
         let thread_load = load.clone();
+        let stopped = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let thread_stopped = stopped.clone();
         std::thread::Builder::new()
             .name("inferloop-decode".into())
             .spawn(move || {
@@ -218,7 +222,12 @@ impl Engine {
                     metrics,
                     thread_load,
                     thermal,
-                )
+                );
+                let (done, cv) = &*thread_stopped;
+                if let Ok(mut d) = done.lock() {
+                    *d = true;
+                }
+                cv.notify_all();
             })
             .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
         match ready_rx.recv() {
@@ -227,6 +236,7 @@ impl Engine {
                 model,
                 load,
                 config: Arc::new(config),
+                stopped,
             }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(EngineError::Context(
@@ -278,5 +288,18 @@ impl Engine {
         if self.tx.send(Command::Shutdown).is_err() {
             tracing::debug!("decode thread already stopped");
         }
+    }
+
+    /// Blocks until the decode thread has returned, up to `timeout`; true if it did.
+    /// The process must not exit while llama.cpp still runs a step on that thread: exit
+    /// handlers would free what the step is using.
+    pub fn wait_stopped(&self, timeout: Duration) -> bool {
+        let (done, cv) = &*self.stopped;
+        let Ok(guard) = done.lock() else {
+            return false;
+        };
+        cv.wait_timeout_while(guard, timeout, |d| !*d)
+            .map(|(d, _)| *d)
+            .unwrap_or(false)
     }
 }
