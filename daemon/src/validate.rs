@@ -63,9 +63,15 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, InvalidRequest>
         ));
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let result: Result<T, _> = serde_path_to_error::deserialize(de);
+    let result: Result<T, _> = serde_path_to_error::deserialize(&mut *de);
     let err = match result {
-        Ok(v) => return Ok(v),
+        // Anything after the object (`{...} garbage`) makes the body malformed.
+        Ok(v) => {
+            return de
+                .end()
+                .map(|()| v)
+                .map_err(|e| InvalidRequest::Json(e.to_string()))
+        }
         Err(e) => e,
     };
     let path = err.path().to_string();
@@ -530,6 +536,18 @@ mod tests {
         assert_eq!(param_of(two), "prompt");
         let empty = completion(parse_json(br#"{"prompt":""}"#).expect("json"));
         assert_eq!(param_of(empty), "prompt");
+    }
+
+    #[test]
+    fn trailing_garbage_after_the_object_is_a_json_error() {
+        assert!(matches!(
+            chat_json(&format!("{{{HELLO}}} trailing")),
+            Err(InvalidRequest::Json(_))
+        ));
+        assert!(
+            chat_json(&format!("{{{HELLO}}}\n")).is_ok(),
+            "whitespace is fine"
+        );
     }
 
     #[test]
