@@ -214,6 +214,9 @@ pub struct Case {
     /// What a passing daemon does.
     pub expect: String,
     pub resource: Resource,
+    /// Keeps a slot decoding a long generation while it observes: at most one such case
+    /// runs at a time, so their decoding does not starve the rest of a small box.
+    pub heavy: bool,
     /// Longest run before the case fails as timed out.
     pub timeout: Duration,
     pub check: Check,
@@ -226,9 +229,17 @@ impl Case {
         self
     }
 
-    /// Holds fixture `name` while it runs.
+    /// Holds fixture `name` while it runs. The fixtures whose cases hold slots with long
+    /// generations make the case heavy.
     pub fn fixture(&mut self, name: &'static str) -> &mut Case {
         self.resource = Resource::Fixture(name);
+        self.heavy |= matches!(name, "queue1" | "qtimeout" | "cancel" | "kv");
+        self
+    }
+
+    /// Marks the case [`heavy`](Case::heavy).
+    pub fn heavy(&mut self) -> &mut Case {
+        self.heavy = true;
         self
     }
 
@@ -262,6 +273,7 @@ impl Registry {
             title: title.into(),
             expect: expect.into(),
             resource: Resource::Shared,
+            heavy: false,
             timeout: DEFAULT_TIMEOUT,
             check: Box::new(check),
         });

@@ -23,6 +23,7 @@ pub struct RunOptions {
 struct Sched {
     pending: VecDeque<usize>,
     busy: HashSet<&'static str>,
+    heavy_running: bool,
     done: usize,
 }
 
@@ -77,6 +78,7 @@ pub fn run(ctx: &Arc<Ctx>, cases: Vec<Arc<Case>>, opts: &RunOptions) -> Vec<Case
         Mutex::new(Sched {
             pending: shared,
             busy: HashSet::new(),
+            heavy_running: false,
             done: 0,
         }),
         Condvar::new(),
@@ -94,9 +96,12 @@ pub fn run(ctx: &Arc<Ctx>, cases: Vec<Arc<Case>>, opts: &RunOptions) -> Vec<Case
                         if st.pending.is_empty() {
                             break None;
                         }
-                        let pick = st.pending.iter().position(|&i| match cases[i].resource {
-                            Resource::Fixture(name) => !st.busy.contains(name),
-                            _ => true,
+                        let pick = st.pending.iter().position(|&i| {
+                            let free = match cases[i].resource {
+                                Resource::Fixture(name) => !st.busy.contains(name),
+                                _ => true,
+                            };
+                            free && !(cases[i].heavy && st.heavy_running)
                         });
                         match pick {
                             Some(p) => {
@@ -104,6 +109,7 @@ pub fn run(ctx: &Arc<Ctx>, cases: Vec<Arc<Case>>, opts: &RunOptions) -> Vec<Case
                                 if let Resource::Fixture(name) = cases[i].resource {
                                     st.busy.insert(name);
                                 }
+                                st.heavy_running |= cases[i].heavy;
                                 break Some(i);
                             }
                             None => st = cv.wait(st).unwrap_or_else(|e| e.into_inner()),
@@ -116,6 +122,9 @@ pub fn run(ctx: &Arc<Ctx>, cases: Vec<Arc<Case>>, opts: &RunOptions) -> Vec<Case
                 let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                 if let Resource::Fixture(name) = cases[i].resource {
                     st.busy.remove(name);
+                }
+                if cases[i].heavy {
+                    st.heavy_running = false;
                 }
                 st.done += 1;
                 cv.notify_all();

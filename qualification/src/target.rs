@@ -45,7 +45,7 @@ impl Target {
         http::send(&self.ep, &req.timeout(limit)).map_err(|e| {
             Stop::fail(
                 format!("an HTTP response to {what}"),
-                format!("{e} (from {})", self.ep),
+                io_text(&e, limit, &self.ep),
             )
         })
     }
@@ -68,7 +68,7 @@ impl Target {
         sse::capture(&self.ep, &req).map_err(|e| {
             Stop::fail(
                 format!("a streamed response to POST {path}"),
-                format!("{e} (from {})", self.ep),
+                io_text(&e, HTTP_TIMEOUT, &self.ep),
             )
         })
     }
@@ -166,6 +166,16 @@ impl Target {
             }
             std::thread::sleep(POLL);
         }
+    }
+}
+
+/// An I/O error in words: a read timeout says how long was waited.
+fn io_text(e: &std::io::Error, limit: Duration, ep: &Endpoint) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no complete response within {limit:?} from {ep} ({e})")
+        }
+        _ => format!("{e} (from {ep})"),
     }
 }
 

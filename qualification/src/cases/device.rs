@@ -640,7 +640,8 @@ pub fn register(r: &mut Registry) {
             Ok("queued, then served".into())
         },
     )
-    .fixture("thermal");
+    .fixture("thermal")
+    .heavy();
     r.add(
         G,
         "device.admission.critical_503",

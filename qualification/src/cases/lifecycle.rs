@@ -267,6 +267,7 @@ pub fn register(r: &mut Registry) {
             ))
         },
     )
+    .heavy()
     .timeout_s(300);
     r.add(
         G,
@@ -280,6 +281,7 @@ pub fn register(r: &mut Registry) {
             Ok("exit 0".into())
         },
     )
+    .heavy()
     .timeout_s(300);
     r.add(
         G,
@@ -303,6 +305,7 @@ pub fn register(r: &mut Registry) {
             ))
         },
     )
+    .heavy()
     .timeout_s(300);
     r.add(
         G,
@@ -351,6 +354,7 @@ pub fn register(r: &mut Registry) {
             Ok(format!("exit 0 after {took:?}"))
         },
     )
+    .heavy()
     .timeout_s(180);
     r.add(
         G,

@@ -338,6 +338,8 @@ fn timeout(c: &Ctx) -> Result<Timeout, Stop> {
 /// A client that left mid-generation, on the `cancel` daemon.
 #[derive(Clone)]
 struct Cancelled {
+    /// Tokens the daemon generated for the request after its client left.
+    tokens_after_leaving: f64,
     follow_up: Value,
     cancelled_before: f64,
     metrics_after: String,
@@ -358,9 +360,11 @@ fn cancelled(c: &Ctx, stream: bool) -> Result<Cancelled, Stop> {
         let t = fx.target();
         let cancelled_before = metric_of(&t.metrics()?, "inferloop_cancelled_total")?;
         let left_at;
+        let generated_at_leaving;
         if stream {
             let ex = occupy(&t, LONG)?;
             t.wait_status(SETTLE, "the stream decoding", |s| s["slots"]["active"] == 1)?;
+            generated_at_leaving = metric_of(&t.metrics()?, "inferloop_generated_tokens_total")?;
             left_at = Instant::now();
             drop(ex);
         } else {
@@ -369,11 +373,14 @@ fn cancelled(c: &Ctx, stream: bool) -> Result<Cancelled, Stop> {
                 s["slots"]["active"] == 1
             })?;
             std::thread::sleep(Duration::from_millis(300));
+            generated_at_leaving = metric_of(&t.metrics()?, "inferloop_generated_tokens_total")?;
             left_at = Instant::now();
             drop(s);
         }
         t.wait_status(SETTLE, "the slot freed", |s| s["slots"]["active"] == 0)?;
         let freed_after = left_at.elapsed();
+        let tokens_after_leaving =
+            metric_of(&t.metrics()?, "inferloop_generated_tokens_total")? - generated_at_leaving;
         let follow_up = t.complete(&counting(4, false))?;
         let metrics_after =
             t.wait_metrics(SETTLE, "gauges at zero and the cancellation counted", |m| {
@@ -383,6 +390,7 @@ fn cancelled(c: &Ctx, stream: bool) -> Result<Cancelled, Stop> {
             })?;
         let status_after = t.status()?;
         Ok(Cancelled {
+            tokens_after_leaving,
             follow_up,
             cancelled_before,
             metrics_after,
@@ -912,23 +920,13 @@ pub fn register(r: &mut Registry) {
         },
     )
     .fixture("cancel");
-    r.add(
-        G,
-        "load.cancel.stream_within_a_step",
-        "A dropped stream stops within a decode step",
-        "slots.active back to 0 within 3 s of the disconnect",
-        |c, ev| {
-            let k = cancelled(c, true)?;
-            ev.put("freed_after_ms", k.freed_after.as_secs_f64() * 1000.0);
-            ensure!(
-                k.freed_after <= Duration::from_secs(3),
-                "≤ 3 s",
-                format!("{:?}", k.freed_after)
-            );
-            Ok(format!("freed after {:?}", k.freed_after))
-        },
-    )
-    .fixture("cancel");
+    r.add(G, "load.cancel.stream_stops_promptly", "A dropped stream stops within a few decode steps", "≤ 8 more tokens generated after the client disconnects (counted by inferloop_generated_tokens_total), then the slot is free", |c, ev| {
+        let k = cancelled(c, true)?;
+        ev.put("tokens_after_leaving", k.tokens_after_leaving);
+        ev.put("freed_after_ms", k.freed_after.as_secs_f64() * 1000.0);
+        ensure!(k.tokens_after_leaving <= 8.0, "≤ 8 tokens after the disconnect", format!("{} tokens over {:?}", k.tokens_after_leaving, k.freed_after));
+        Ok(format!("{} tokens after the disconnect, slot free after {:?}", k.tokens_after_leaving, k.freed_after))
+    }).fixture("cancel");
     r.add(
         G,
         "load.cancel.kv_released",
