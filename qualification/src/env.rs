@@ -111,7 +111,11 @@ pub fn gather(ctx: &Ctx, started_utc: String, jobs: usize, filter: Vec<String>) 
     let notes = ctx
         .env_notes
         .lock()
-        .map(|n| serde_json::to_value(&*n).unwrap_or(Value::Null))
+        .map(|n| {
+            let mut n = n.clone();
+            n.remove("loadavg_at_start");
+            serde_json::to_value(&n).unwrap_or(Value::Null)
+        })
         .unwrap_or(Value::Null);
     Environment {
         started_utc,

@@ -200,6 +200,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
         work.path().to_path_buf(),
         shared,
     ));
+    ctx.note_env("loadavg_at_start", env::loadavg());
     let results = runner::run(
         &ctx,
         selected,

@@ -112,13 +112,17 @@ fn chart(title: &str, unit: &str, values: &[f64]) -> String {
         pad_l - 6.0,
         pad_t + plot_h
     );
-    for (p, color) in [(50.0, "#1a7f37"), (99.0, "#cf222e")] {
+    // Percentile lines in the plot, their values in a legend on the title row (labels inside
+    // the plot collide when the percentiles are close).
+    for (k, (p, color)) in [(50.0, "#1a7f37"), (99.0, "#cf222e")]
+        .into_iter()
+        .enumerate()
+    {
         if let Some(v) = percentile(values, p) {
             let x = x_of(v);
-            let _ = write!(s, "<line x1=\"{x:.1}\" y1=\"{pad_t}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"{color}\" stroke-dasharray=\"4 3\"/>", pad_t + plot_h);
-            let anchor = if x > w * 0.75 { "end" } else { "start" };
-            let dx = if anchor == "end" { -4.0 } else { 4.0 };
-            let _ = write!(s, "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" fill=\"{color}\" text-anchor=\"{anchor}\">p{p:.0} {v:.1}</text>", x + dx, pad_t + if p == 50.0 { 12.0 } else { 26.0 });
+            let _ = write!(s, "<line x1=\"{x:.1}\" y1=\"{pad_t}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>", pad_t + plot_h);
+            let lx = w - pad_r - 120.0 * (1 - k) as f64 - 110.0;
+            let _ = write!(s, "<line x1=\"{lx:.1}\" y1=\"14\" x2=\"{:.1}\" y2=\"14\" stroke=\"{color}\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/><text x=\"{:.1}\" y=\"18\" font-size=\"12\" fill=\"{color}\">p{p:.0} {v:.1} {}</text>", lx + 16.0, lx + 20.0, esc(unit));
         }
     }
     let _ = write!(s, "</svg><div class=\"muted\">{} samples · p50 {:.1} · p90 {:.1} · p99 {:.1} · max {:.1} {}</div></div>",
@@ -230,30 +234,8 @@ pub fn render(r: &Report) -> String {
                 .unwrap_or_else(|| "none (no --manifest)".into()),
         ),
         ("mode", format!("{} → {}", e.mode, e.target)),
-        (
-            "shared daemon",
-            format!(
-                "slots {} · ctx {} · queue {} · {}",
-                e.shared_daemon["slots"],
-                e.shared_daemon["ctx"],
-                e.shared_daemon["queue"],
-                e.shared_daemon["argv"]
-                    .as_str()
-                    .unwrap_or("(attached: started elsewhere)")
-            ),
-        ),
-        (
-            "host",
-            format!(
-                "{} · {} · {} CPUs · kernel {} · load {} at start, {} at end",
-                e.host["hostname"].as_str().unwrap_or("?"),
-                e.host["arch"].as_str().unwrap_or("?"),
-                e.host["cpus"],
-                e.host["kernel"].as_str().unwrap_or("?"),
-                e.host["loadavg_at_start"].as_str().unwrap_or("?"),
-                e.host["loadavg_at_end"].as_str().unwrap_or("?")
-            ),
-        ),
+        ("shared daemon", super::shared_line(e)),
+        ("host", super::host_line(e)),
         (
             "suite",
             format!(

@@ -48,8 +48,8 @@ pub fn render(r: &Report) -> String {
                 .unwrap_or_else(|| "none (no --manifest)".into()),
         ),
         ("mode", format!("{} → {}", e.mode, e.target)),
-        ("host", e.host.to_string()),
-        ("shared daemon", e.shared_daemon.to_string()),
+        ("host", super::host_line(e)),
+        ("shared daemon", super::shared_line(e)),
         (
             "suite",
             format!("inferloop-qual {}, --jobs {}", e.suite_version, e.jobs),

@@ -139,6 +139,39 @@ impl Report {
     }
 }
 
+/// The host in one line: name, architecture, CPUs, kernel and the load around the run.
+pub fn host_line(e: &Environment) -> String {
+    let h = &e.host;
+    let text = |k: &str| h[k].as_str().unwrap_or("?").to_string();
+    format!(
+        "{} · {} · {} CPUs · kernel {} · load {} at start, {} at end",
+        text("hostname"),
+        text("arch"),
+        h["cpus"],
+        text("kernel"),
+        text("loadavg_at_start"),
+        text("loadavg_at_end")
+    )
+}
+
+/// The shared daemon in one line: its settings, its command line and the work it did.
+pub fn shared_line(e: &Environment) -> String {
+    let d = &e.shared_daemon;
+    let work = &d["requests"];
+    format!(
+        "slots {} · ctx {} · queue {} · {} prompt + {} generated tokens, {} cancelled · {}",
+        d["slots"],
+        d["ctx"],
+        d["queue"],
+        work["prompt_tokens_total"],
+        work["generated_tokens_total"],
+        work["cancelled_total"],
+        d["argv"]
+            .as_str()
+            .unwrap_or("(attached: started elsewhere)")
+    )
+}
+
 /// Counts of `values` in `bins` equal-width bins over [0, max]; returns (edges, counts).
 pub fn histogram(values: &[f64], bins: usize) -> (Vec<f64>, Vec<usize>) {
     let max = values.iter().cloned().fold(0.0f64, f64::max).max(1e-9);

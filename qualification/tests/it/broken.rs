@@ -90,6 +90,12 @@ fn a_daemon_that_drops_done_fails_exactly_the_done_cases() {
     .collect();
     assert_eq!(failed, want, "{}", report.summary_text());
     for c in report.cases.iter().filter(|c| c.status == Status::Failed) {
+        eprintln!(
+            "through the proxy: FAIL {}\n  expected: {}\n  observed: {}",
+            c.id,
+            c.expected.as_deref().unwrap_or_default(),
+            c.observation
+        );
         assert!(
             c.expected.as_deref().is_some_and(|e| e.contains("[DONE]")),
             "{c:?}"
