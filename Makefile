@@ -41,7 +41,7 @@ help:
 	@echo "  build    cargo build --release"
 	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
-	@echo "  qual     the 385-case qualification suite (needs qualification/ in the workspace members; see ARCHITECTURE.md)"
+	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
 	@echo "  fmt, clippy, clean"

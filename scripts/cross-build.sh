@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Cross-builds inferloopd (llama.cpp included) for aarch64-unknown-linux-gnu, release,
-# tuned for the Jetson Orin's Cortex-A78AE (scripts/cross/aarch64-orin.cmake), and puts it
-# at target/aarch64-unknown-linux-gnu/release/inferloopd.
+# Cross-builds inferloopd (llama.cpp included) and the qualification suite (inferloop-qual)
+# for aarch64-unknown-linux-gnu, release, tuned for the Jetson Orin's Cortex-A78AE
+# (scripts/cross/aarch64-orin.cmake), and puts both in target/aarch64-unknown-linux-gnu/release/.
 #
 # With a working Docker and `cross` on PATH it uses `cross` (Cross.toml). Otherwise it uses
 # Debian packages: Debian's rustc-web with the arm64 standard library, the aarch64 GCC
@@ -12,6 +12,8 @@ set -euo pipefail
 TARGET=aarch64-unknown-linux-gnu
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/target/$TARGET/release/inferloopd"
+QUAL_OUT="$ROOT/target/$TARGET/release/inferloop-qual"
+PACKAGES=(-p inferloopd -p inferloop-qual)
 export INFERLOOP_CROSS_DIR="$ROOT/scripts/cross"
 export CMAKE_TOOLCHAIN_FILE_aarch64_unknown_linux_gnu="$INFERLOOP_CROSS_DIR/aarch64-orin.cmake"
 LOCKED=()
@@ -55,7 +57,7 @@ cd "$ROOT"
 mode="${INFERLOOP_CROSS:-auto}"
 if [[ "$mode" != apt ]] && have_docker; then
     log "using cross (Docker)"
-    cross build --release "${LOCKED[@]}" --target "$TARGET" -p inferloopd
+    cross build --release "${LOCKED[@]}" --target "$TARGET" "${PACKAGES[@]}"
 else
     [[ "$mode" == docker ]] && die "INFERLOOP_CROSS=docker but cross or a running Docker is missing"
     log "no usable Docker: using Debian's cross toolchain"
@@ -70,12 +72,15 @@ else
     export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
     export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
     log "$("$RUSTC" --version), target $TARGET, ggml-cpu for armv8.2-a+dotprod+fp16"
-    cargo build --release "${LOCKED[@]}" --target "$TARGET" -p inferloopd
+    cargo build --release "${LOCKED[@]}" --target "$TARGET" "${PACKAGES[@]}"
     install -D -m 0755 "$CARGO_TARGET_DIR/$TARGET/release/inferloopd" "$OUT"
+    install -D -m 0755 "$CARGO_TARGET_DIR/$TARGET/release/inferloop-qual" "$QUAL_OUT"
 fi
 
 [[ -x "$OUT" ]] || die "no binary at $OUT"
+[[ -x "$QUAL_OUT" ]] || die "no binary at $QUAL_OUT"
 log "built $OUT ($(stat -c %s "$OUT") bytes)"
+log "built $QUAL_OUT ($(stat -c %s "$QUAL_OUT") bytes)"
 command -v file >/dev/null 2>&1 && log "$(file -b "$OUT")"
 # The int8 dot-product instructions are the point of the armv8.2-a+dotprod build.
 if command -v aarch64-linux-gnu-objdump >/dev/null 2>&1; then

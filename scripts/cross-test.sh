@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the cross-built aarch64 inferloopd under qemu: --version, then a short real
-# generation with the default model (serve --port 0, one chat request, max_tokens 4).
-# Emulated decode is slow (a few tokens per second); the request allows minutes.
+# generation with the default model (serve --port 0, one chat request, max_tokens 4), then
+# the cross-built qualification suite (also emulated) against that daemon: its case list and
+# the checks that need no generation (emulated decode is a few tokens per second).
 #
 # -E LD_LIBRARY_PATH=...: without it the emulated loader from libc6-arm64-cross meets the
 # libc6:arm64 that the arm64 std package pulled in, and the daemon hangs at its first
@@ -10,6 +11,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${BIN:-$ROOT/target/aarch64-unknown-linux-gnu/release/inferloopd}"
+QUAL="${QUAL:-$ROOT/target/aarch64-unknown-linux-gnu/release/inferloop-qual}"
+# Qualification cases that only read routes, metrics and status: no generation.
+QUAL_FILTER='api.healthz.*,api.readyz.*,api.models.*,api.route.*,api.method.*,device.metrics.*,device.status.*'
+
 MODEL="${MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 SYSROOT=/usr/aarch64-linux-gnu
 QEMU=(qemu-aarch64-static -L "$SYSROOT" -E "LD_LIBRARY_PATH=$SYSROOT/lib")
@@ -18,6 +23,7 @@ log() { echo "cross-test: $*"; }
 die() { echo "cross-test: error: $*" >&2; exit 1; }
 
 [[ -x "$BIN" ]] || die "no $BIN; run: make cross"
+[[ -x "$QUAL" ]] || die "no $QUAL; run: make cross"
 [[ -f "$MODEL" ]] || die "no $MODEL; run: make model"
 command -v qemu-aarch64-static >/dev/null 2>&1 || die "qemu-aarch64-static not found (apt-get install qemu-user-static)"
 command -v curl >/dev/null 2>&1 || die "curl not found"
@@ -61,6 +67,14 @@ print("cross-test: usage:", r.get("usage"))
 t = r.get("timings") or {}
 print("cross-test: timings:", {k: t[k] for k in sorted(t)})
 PY
+
+cases="$(timeout 120 "${QEMU[@]}" "$QUAL" --list | wc -l)"
+log "inferloop-qual (aarch64) lists $cases cases"
+[[ "$cases" -eq 385 ]] || die "expected 385 cases"
+qual_status=0
+timeout 600 "${QEMU[@]}" "$QUAL" --base-url "http://$addr" --filter "$QUAL_FILTER" || qual_status=$?
+log "inferloop-qual (aarch64) on $QUAL_FILTER exited with $qual_status"
+[[ $qual_status -eq 0 ]] || die "qualification cases failed under emulation"
 
 kill -TERM "$pid"
 wait "$pid" && status=0 || status=$?
