@@ -86,7 +86,8 @@ pytest: $(VENV)/.installed model build
 	INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q tests/python
 
 bench: $(VENV)/.installed model build
-	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) $(BENCH_ARGS)
+	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
+	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode $(BENCH_ARGS)
 
 fmt:
 	cargo fmt --all

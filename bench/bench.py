@@ -10,7 +10,9 @@ client side:
   time) and per-stream decode tok/s.
 
 The server's llama-server style `timings` object is recorded when the final
-chunk carries one. Starts the daemon itself on port 0 unless --base-url is
+chunk carries one. With --reference (the `raw_decode` example: llama.cpp in
+process, no HTTP, no scheduler) the same decode is also measured without the
+daemon, single and --concurrency sequences, and the serving overhead printed. Starts the daemon itself on port 0 unless --base-url is
 given. Standard library only. Results: a table on stdout and JSON in
 bench/results/latest.json.
 """
@@ -304,6 +306,43 @@ def concurrent(args, base_url: str, model_id: str) -> dict[str, Any]:
     }
 
 
+# --- in-process reference ---------------------------------------------------
+
+
+def reference(args) -> dict[str, Any]:
+    """llama.cpp decoding in process (same threads, tokens, model), single and concurrent."""
+    out: dict[str, Any] = {"binary": args.reference}
+    for key, parallel in (("single", 1), ("concurrent", args.concurrency)):
+        runs = []
+        for _ in range(args.reference_runs):
+            cmd = [args.reference, args.model, str(args.threads), str(args.max_tokens), str(parallel)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise BenchError(f"reference {' '.join(cmd)}: {e}") from e
+            if proc.returncode != 0:
+                raise BenchError(f"reference {' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}")
+            try:
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            except (IndexError, json.JSONDecodeError) as e:
+                raise BenchError(f"reference printed no JSON line: {proc.stdout!r}") from e
+            print(f"  reference x{parallel}: {runs[-1]['aggregate_tok_s']:.1f} tok/s aggregate", file=sys.stderr)
+        out[key] = {
+            "parallel": parallel,
+            "runs": runs,
+            "aggregate_tps_median": median([r["aggregate_tok_s"] for r in runs]),
+            "prompt_ms_median": median([r["prompt_ms"] for r in runs]),
+        }
+    return out
+
+
+def overhead_pct(served: float | None, reference_tps: float | None) -> float | None:
+    """How much slower the daemon decodes than llama.cpp in process, in percent."""
+    if not served or not reference_tps:
+        return None
+    return (1.0 - served / reference_tps) * 100.0
+
+
 # --- output -----------------------------------------------------------------
 
 
@@ -335,6 +374,18 @@ def print_table(res: dict[str, Any]) -> None:
         ("  per stream min..max", f"{fmt(m['per_stream_tps_min'])}..{fmt(m['per_stream_tps_max'])}", "tok/s"),
         ("  TTFT median / max", f"{fmt(m['ttft_ms_median'])} / {fmt(m['ttft_ms_max'])}", "ms"),
     ]
+    ref = res.get("reference")
+    if ref:
+        rs, rc = ref["single"], ref["concurrent"]
+        served_single = (st or {}).get("predicted_per_second") or s["decode_tps_median"]
+        rows += [
+            (f"llama.cpp in process ({len(rs['runs'])} runs, median)", "", ""),
+            ("  decode, 1 sequence", fmt(rs["aggregate_tps_median"]), "tok/s"),
+            (f"  aggregate, {rc['parallel']} sequences", fmt(rc["aggregate_tps_median"]), "tok/s"),
+            ("  serving overhead, single", fmt(overhead_pct(served_single, rs["aggregate_tps_median"])), "%"),
+            ("  serving overhead, concurrent",
+             fmt(overhead_pct(m["aggregate_tps_median"], rc["aggregate_tps_median"])), "%"),
+        ]
     for label, value, unit in rows:
         print(f"{label:<44}{value:>16} {unit}".rstrip())
     print()
@@ -369,8 +420,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--ready-timeout", type=float, default=120.0)
     p.add_argument("--output", default=str(REPO / "bench/results/latest.json"))
+    p.add_argument("--reference", help="raw_decode example binary: also measure llama.cpp in process")
+    p.add_argument("--reference-runs", type=int, default=5)
     args = p.parse_args(argv)
-    for name in ("threads", "slots", "ctx", "max_tokens", "runs", "concurrency", "concurrent_runs"):
+    for name in ("threads", "slots", "ctx", "max_tokens", "runs", "concurrency", "concurrent_runs",
+                 "reference_runs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -404,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
 
         single = single_stream(args, base_url, model_id)
         conc = concurrent(args, base_url, model_id)
+        if daemon is not None:
+            daemon.stop()  # the reference gets the CPU to itself; stop() is idempotent
+        ref = reference(args) if args.reference else None
     except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 1
@@ -432,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "single": single,
         "concurrent": conc,
+        "reference": ref,
     }
     print_table(result)
     output.parent.mkdir(parents=True, exist_ok=True)

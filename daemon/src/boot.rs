@@ -2,6 +2,7 @@
 //! (exit 3), then the memory ledger against the limits (exit 1).
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use inferloop_manifest::{verify_weights, IntegrityError, Manifest, VerifyCache};
 
@@ -39,6 +40,9 @@ pub struct Passed {
     /// The weights' SHA-256 when a manifest pinned it.
     pub pinned_sha256: Option<String>,
     pub manifest_sha256: Option<String>,
+    /// The SHA-256 of the weights being served: the pin once verified, otherwise set by the
+    /// background hash after start (empty until it finishes), so `/v1/status` can report it.
+    pub observed_sha256: OnceLock<String>,
 }
 
 /// Verifies the weights when a manifest is configured.
@@ -79,9 +83,15 @@ pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     }
     tracing::info!("memory admission accepted: {}", decision.accounting());
     let (pinned_sha256, manifest_sha256) = pinned.unzip();
+    // Verified against the file just above: the pin is what is served.
+    let observed_sha256 = pinned_sha256
+        .clone()
+        .map(OnceLock::from)
+        .unwrap_or_default();
     Ok(Passed {
         decision,
         pinned_sha256,
         manifest_sha256,
+        observed_sha256,
     })
 }

@@ -74,7 +74,7 @@ pub async fn run(
     register_memory_metrics(&metrics, boot.clone());
     thermal.register_metrics(&metrics);
     if boot.pinned_sha256.is_none() {
-        log_weights_sha(&config);
+        hash_unpinned_weights(&config, boot.clone());
     }
     let (engine_tx, engine_rx) = watch::channel(None);
     // Raised when the drain deadline passes: open streams end with an error frame at once
@@ -248,17 +248,21 @@ fn register_memory_metrics(metrics: &Metrics, boot: Arc<Passed>) {
     });
 }
 
-/// Without a manifest nothing vouches for the weights; log their SHA-256 (off the serving
-/// path) so the user can pin it.
-fn log_weights_sha(config: &ServeConfig) {
+/// Without a manifest nothing vouches for the weights; hash them off the serving path, log
+/// the SHA-256 so the user can pin it, and report it in `/v1/status`.
+fn hash_unpinned_weights(config: &ServeConfig, boot: Arc<Passed>) {
     let path = config.model.clone();
     std::thread::spawn(
         move || match inferloop_manifest::verify::hash_with_progress(&path) {
-            Ok(sha) => tracing::info!(
-                path = %path.display(),
-                sha256 = %sha,
-                "weights are not pinned by a manifest; pin this SHA-256 with --manifest"
-            ),
+            Ok(sha) => {
+                tracing::info!(
+                    path = %path.display(),
+                    sha256 = %sha,
+                    "weights are not pinned by a manifest; pin this SHA-256 with --manifest"
+                );
+                // Only this thread sets it when nothing was pinned.
+                boot.observed_sha256.get_or_init(|| sha);
+            }
             Err(e) => tracing::warn!(error = %e, "cannot hash the weights"),
         },
     );

@@ -92,8 +92,10 @@ pub fn gather(ctx: &Ctx, started_utc: String, jobs: usize, filter: Vec<String>) 
         }),
         (_, Err(e)) => json!({"error": e.to_string()}),
     };
+    // The pin when a manifest set one, else what the daemon hashed after start.
     let model_sha256 = status["integrity"]["weights_sha256"]
         .as_str()
+        .or_else(|| status["integrity"]["weights_sha256_observed"].as_str())
         .map(str::to_string)
         .or_else(|| {
             ctx.spawn.as_ref()?;

@@ -128,6 +128,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
         "integrity": {
             "manifest_sha256": &state.boot.manifest_sha256,
             "weights_sha256": &state.boot.pinned_sha256,
+            "weights_sha256_observed": state.boot.observed_sha256.get(),
         },
         "board": board,
         "thermal": {

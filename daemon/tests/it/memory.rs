@@ -236,6 +236,27 @@ fn sha256_of(path: &Path) -> String {
         .to_string()
 }
 
+#[tokio::test]
+async fn unpinned_weights_are_hashed_after_start_and_reported() {
+    let d = harness::shared();
+    let want = sha256_of(&model_path());
+    // The hash runs in the background after the listener is up; 94 MiB takes well under 10 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let observed = loop {
+        let status = d.status().await;
+        assert!(status["integrity"]["weights_sha256"].is_null(), "{status}");
+        if let Some(sha) = status["integrity"]["weights_sha256_observed"].as_str() {
+            break sha.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no observed SHA-256 after 60 s: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(observed, want);
+}
+
 /// A copy of the model and a manifest pinning the original.
 fn pinned_copy(dir: &Path) -> (PathBuf, PathBuf, String) {
     let model = model_path();
@@ -299,6 +320,7 @@ async fn pinned_weights_serve_and_the_second_boot_hits_the_cache() {
     let first = Daemon::start(&args);
     let status = first.status().await;
     assert_eq!(status["integrity"]["weights_sha256"], sha.as_str());
+    assert_eq!(status["integrity"]["weights_sha256_observed"], sha.as_str());
     let reply = first.chat(&harness::chat_body("Say hi", 4)).await;
     assert!(reply["usage"]["completion_tokens"].as_u64() > Some(0));
     assert!(
