@@ -30,7 +30,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model build run test pytest bench fmt clippy clean venv
+.PHONY: help deps model build run test pytest bench bench-peer fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -41,6 +41,7 @@ help:
 	@echo "  build    cargo build --release"
 	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
+	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
@@ -89,6 +90,12 @@ bench: $(VENV)/.installed model build
 	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
 	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode $(BENCH_ARGS)
 
+# The peer is llama.cpp's own llama-server, built by scripts/build-peer.sh into peer/.
+bench-peer: $(VENV)/.installed model build
+	scripts/build-peer.sh
+	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
+	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode --peer peer/llama-server $(BENCH_ARGS)
+
 fmt:
 	cargo fmt --all
 
@@ -98,7 +105,7 @@ clippy:
 # Keeps models/ (a re-download is ~100 MB); `rm -rf models` for that.
 clean:
 	cargo clean
-	rm -rf $(VENV) bench/results
+	rm -rf $(VENV) bench/results peer
 
 # --- Images for the board (issue 6) ------------------------------------------------------
 #

@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.client
+import itertools
 import json
 import os
 import platform
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPT = "Write a long story about a robot."
 LISTEN_RE = re.compile(r"listening on (http://[A-Za-z0-9._\-:\[\]]+)")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+REQUEST_NO = itertools.count(1)
 
 
 class BenchError(Exception):
@@ -52,12 +55,17 @@ class BenchError(Exception):
 
 
 class Daemon:
-    """inferloopd on 127.0.0.1:0; the address comes from its `listening on` line."""
+    """A server process: inferloopd on 127.0.0.1:0, whose address comes from its `listening on`
+    line, or a peer started on a known `base_url`; ready when `ready_path` answers 200."""
 
-    def __init__(self, argv: list[str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], log_path: Path, base_url: str | None = None,
+                 ready_path: str = "/readyz") -> None:
         self.argv = argv
-        self.base_url: str | None = None
+        self.base_url: str | None = base_url
+        self.ready_path = ready_path
         self._bound = threading.Event()
+        if base_url is not None:
+            self._bound.set()
         # INFERLOOP_* variables override flags in the daemon: keep them out.
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
         env["NO_COLOR"] = "1"
@@ -98,7 +106,7 @@ class Daemon:
                 self._bound.wait(0.1)
                 continue
             try:
-                with urllib.request.urlopen(self.base_url + "/readyz", timeout=2) as r:
+                with urllib.request.urlopen(self.base_url + self.ready_path, timeout=2) as r:
                     if r.status == 200:
                         return self.base_url
             except (urllib.error.URLError, OSError):
@@ -134,9 +142,11 @@ def stream_chat(base_url: str, model_id: str, prompt: str, max_tokens: int,
                 api_key: str | None, timeout: float = 600.0) -> dict[str, Any]:
     """One streaming chat completion; returns client-side timings and counts."""
     url = urllib.parse.urlsplit(base_url)
+    # A different first word per request: servers that reuse a cached prompt prefix (llama-server
+    # does by default) must evaluate every prompt, as inferloopd does.
     body = json.dumps({
         "model": model_id,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": [{"role": "user", "content": f"Request {next(REQUEST_NO)}. {prompt}"}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -306,6 +316,38 @@ def concurrent(args, base_url: str, model_id: str) -> dict[str, Any]:
     }
 
 
+# --- peer --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_peer(args, log_dir: Path) -> dict[str, Any]:
+    """llama.cpp's llama-server on the same GGUF, threads, slots and per-slot context."""
+    port = free_port()
+    argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.slots),
+            "-c", str(args.slots * args.ctx), "--no-webui",
+            # Like inferloopd: the built-in chat template (the GGUF's Jinja one adds a system
+            # prompt, 47 instead of 17 prompt tokens) and no prompt cache.
+            "--no-jinja", "--no-cache-prompt"] + args.peer_arg
+    print(f"starting peer: {' '.join(argv)}", file=sys.stderr)
+    peer = Daemon(argv, log_dir / "peer.log", base_url=f"http://127.0.0.1:{port}", ready_path="/health")
+    try:
+        base_url = peer.wait_ready(args.ready_timeout)
+        model_id = get_json(base_url, "/v1/models", None)["data"][0]["id"]
+        stream_chat(base_url, model_id, args.prompt, min(8, args.max_tokens), None)
+        peer_args = argparse.Namespace(**{**vars(args), "api_key": None})
+        single = single_stream(peer_args, base_url, model_id)
+        conc = concurrent(peer_args, base_url, model_id)
+    finally:
+        peer.stop()
+    return {"argv": argv, "model_id": model_id, "single": single, "concurrent": conc}
+
+
 # --- in-process reference ---------------------------------------------------
 
 
@@ -374,6 +416,18 @@ def print_table(res: dict[str, Any]) -> None:
         ("  per stream min..max", f"{fmt(m['per_stream_tps_min'])}..{fmt(m['per_stream_tps_max'])}", "tok/s"),
         ("  TTFT median / max", f"{fmt(m['ttft_ms_median'])} / {fmt(m['ttft_ms_max'])}", "ms"),
     ]
+    peer = res.get("peer")
+    if peer:
+        ps, pc = peer["single"], peer["concurrent"]
+        pst = ps["server_timings_median"] or {}
+        rows += [
+            (f"llama-server, same settings ({c['runs']} runs, median)", "", ""),
+            ("  TTFT", fmt(ps["ttft_ms_median"]), "ms"),
+            ("  decode", fmt(ps["decode_tps_median"]), "tok/s"),
+            ("  server predicted/s", fmt(pst.get("predicted_per_second")), "tok/s"),
+            (f"  aggregate, {pc['concurrency']} streams", fmt(pc["aggregate_tps_median"]), "tok/s"),
+            ("  TTFT median / max, concurrent", f"{fmt(pc['ttft_ms_median'])} / {fmt(pc['ttft_ms_max'])}", "ms"),
+        ]
     ref = res.get("reference")
     if ref:
         rs, rc = ref["single"], ref["concurrent"]
@@ -422,6 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", default=str(REPO / "bench/results/latest.json"))
     p.add_argument("--reference", help="raw_decode example binary: also measure llama.cpp in process")
     p.add_argument("--reference-runs", type=int, default=5)
+    p.add_argument("--peer", help="llama-server binary (scripts/build-peer.sh): also benchmark it, same settings")
+    p.add_argument("--peer-arg", action="append", default=[], help="extra llama-server flag (repeatable)")
     args = p.parse_args(argv)
     for name in ("threads", "slots", "ctx", "max_tokens", "runs", "concurrency", "concurrent_runs",
                  "reference_runs"):
@@ -459,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         single = single_stream(args, base_url, model_id)
         conc = concurrent(args, base_url, model_id)
         if daemon is not None:
-            daemon.stop()  # the reference gets the CPU to itself; stop() is idempotent
+            daemon.stop()  # the peer and the reference get the CPU to themselves; idempotent
+        peer = bench_peer(args, output.parent) if args.peer else None
         ref = reference(args) if args.reference else None
     except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr)
@@ -489,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "single": single,
         "concurrent": conc,
+        "peer": peer,
         "reference": ref,
     }
     print_table(result)
