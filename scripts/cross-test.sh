@@ -52,6 +52,9 @@ for _ in $(seq 1 600); do
     sleep 0.5
 done
 log "ready on $addr after ${SECONDS} s (emulated)"
+sysinfo="$(curl -s "http://$addr/v1/status" | python3 -c 'import json, sys; print(json.load(sys.stdin)["llama"]["system_info"])')"
+log "llama.cpp: $sysinfo"
+[[ "$sysinfo" == *"DOTPROD = 1"* ]] || die "llama.cpp was not built with the int8 dot product"
 
 body='{"model":"SmolLM2-135M-Instruct.Q4_1","messages":[{"role":"user","content":"Say hello"}],"max_tokens":4,"temperature":0}'
 response="$(curl -s --max-time 600 -w '\n%{time_total}' "http://$addr/v1/chat/completions" \

@@ -201,6 +201,7 @@ fn load_engine(
         ms = t0.elapsed().as_millis() as u64,
         "model loaded"
     );
+    tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
     Engine::start(
         model,
         EngineConfig {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-pub use model::{LoadedModel, ModelInfo};
+pub use model::{llama_system_info, LoadedModel, ModelInfo};
 
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;

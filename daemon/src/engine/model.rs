@@ -26,6 +26,22 @@ pub struct ModelInfo {
     pub created: u64,
 }
 
+/// What llama.cpp was compiled with, e.g. `CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | …`. The
+/// CPU features are compile-time facts of ggml: they show whether a build got the
+/// instruction set it should have (see `.cargo/config.toml`).
+pub fn llama_system_info() -> &'static str {
+    // Read once: llama.cpp rewrites one static buffer on every call, so concurrent calls from
+    // status requests would race.
+    static INFO: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INFO.get_or_init(|| {
+        // SAFETY: takes no arguments and returns a pointer to a static NUL-terminated buffer,
+        // copied out at once; the OnceLock makes this the only call. Backend registration is
+        // static, so no prior initialisation is needed.
+        let raw = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
+        raw.to_string_lossy().trim().to_string()
+    })
+}
+
 /// Why a chat could not be turned into a prompt.
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {

@@ -141,6 +141,24 @@ async fn status_reports_slots_queue_model_and_uptime() {
     assert!(s["uptime_s"].as_f64().is_some_and(|u| u > 0.0), "{s}");
 }
 
+/// The build must carry the instruction sets it was configured for (`.cargo/config.toml`),
+/// whatever the build environment (SOURCE_DATE_EPOCH silently drops them otherwise).
+#[tokio::test]
+async fn status_shows_llama_cpp_built_with_the_expected_instruction_sets() {
+    let s = shared().status().await;
+    let info = s["llama"]["system_info"].as_str().expect("system_info");
+    let expected: &[&str] = if cfg!(target_arch = "x86_64") {
+        &["AVX = 1", "AVX2 = 1", "FMA = 1", "F16C = 1"]
+    } else if cfg!(target_arch = "aarch64") {
+        &["NEON = 1", "DOTPROD = 1"]
+    } else {
+        &[]
+    };
+    for feature in expected {
+        assert!(info.contains(feature), "{feature} missing from {info:?}");
+    }
+}
+
 // ---- API key ----
 
 static KEYED: LazyLock<Result<Daemon, String>> =
