@@ -8,10 +8,12 @@
 //!   artifacts), and where the image carries its own copy.
 //! - [`hash`]: streaming SHA-256 of files with progress reporting.
 //! - [`verify`]: weights against a pin, with an optional verified-result cache.
+//! - [`time`]: epoch seconds as UTC text, as manifests and reports show them.
 
 pub mod hash;
 pub mod image;
 pub mod schema;
+pub mod time;
 pub mod verify;
 
 pub use image::{

@@ -3,6 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use inferloop_manifest::time::utc;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -27,29 +28,6 @@ pub struct Environment {
     pub filter: Vec<String>,
     /// Details cases recorded (perf measurements, `inferloopd board` output).
     pub notes: Value,
-}
-
-/// `2026-11-29T20:43:41Z` for `secs` since the epoch (UTC, proleptic Gregorian).
-pub fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil-from-days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
 }
 
 pub fn now_utc() -> String {
@@ -159,17 +137,5 @@ pub fn gather(ctx: &Ctx, started_utc: String, jobs: usize, filter: Vec<String>) 
         jobs,
         filter,
         notes,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::utc;
-
-    #[test]
-    fn utc_formats_known_instants() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(utc(1_795_985_021), "2026-11-29T20:43:41Z");
     }
 }

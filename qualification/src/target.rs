@@ -188,6 +188,16 @@ pub fn json_200(r: &Response, what: &str) -> Result<Value, Stop> {
         .map_err(|e| Stop::fail(format!("{what} answers JSON"), e))
 }
 
+/// The `Retry-After` of a refusal, which must be a whole number of seconds ≥ 1.
+pub fn expect_retry_after(r: &Response) -> Result<String, Stop> {
+    let ra = r.header("retry-after").unwrap_or_default().to_string();
+    if ra.parse::<u64>().is_ok_and(|s| s >= 1) {
+        Ok(ra)
+    } else {
+        Err(Stop::fail("Retry-After ≥ 1", format!("{ra:?}")))
+    }
+}
+
 /// Checks the status and the OpenAI error shape `{"error":{"message","type","param","code"}}`
 /// with exactly `param` and `code`; returns the `error` object.
 pub fn expect_error(

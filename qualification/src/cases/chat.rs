@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::{pick_stop, reference, EXPLAIN};
-use crate::case::{Group, Registry, Stop};
+use crate::case::{Evidence, Group, Registry, Stop};
 use crate::ctx::Ctx;
 use crate::target::{chat_body, f64_at, finish_of, text_of, u64_at, with};
 use crate::{ensure, ensure_eq};
@@ -58,6 +58,23 @@ fn same_as_greedy(
         got
     );
     Ok(format!("{what}: same text as greedy"))
+}
+
+/// `field` at 2 must change the greedy answer to [`REPETITIVE`].
+fn penalty_changes_answer(c: &Ctx, ev: &mut Evidence, field: &str) -> Result<String, Stop> {
+    let plain = text_of(&reference(c, CHAT, &chat_body(REPETITIVE, 12))?)?;
+    let pen = text_of(
+        &c.target
+            .chat(&with(chat_body(REPETITIVE, 12), field, json!(2)))?,
+    )?;
+    ev.put("plain", plain.clone());
+    ev.put("penalised", pen.clone());
+    ensure!(
+        plain != pen,
+        "a different answer",
+        format!("both {plain:?}")
+    );
+    Ok(format!("{plain:?} → {pen:?}"))
 }
 
 pub fn register(r: &mut Registry) {
@@ -488,44 +505,14 @@ pub fn register(r: &mut Registry) {
         "chat.penalty.frequency_changes_repetition",
         "frequency_penalty discourages repeats",
         "frequency_penalty 2 changes the greedy answer to a repetitive prompt",
-        |c, ev| {
-            let plain = text_of(&reference(c, CHAT, &chat_body(REPETITIVE, 12))?)?;
-            let pen = text_of(&c.target.chat(&with(
-                chat_body(REPETITIVE, 12),
-                "frequency_penalty",
-                json!(2),
-            ))?)?;
-            ev.put("plain", plain.clone());
-            ev.put("penalised", pen.clone());
-            ensure!(
-                plain != pen,
-                "a different answer",
-                format!("both {plain:?}")
-            );
-            Ok(format!("{plain:?} → {pen:?}"))
-        },
+        |c, ev| penalty_changes_answer(c, ev, "frequency_penalty"),
     );
     r.add(
         G,
         "chat.penalty.presence_changes_repetition",
         "presence_penalty discourages repeats",
         "presence_penalty 2 changes the greedy answer to a repetitive prompt",
-        |c, ev| {
-            let plain = text_of(&reference(c, CHAT, &chat_body(REPETITIVE, 12))?)?;
-            let pen = text_of(&c.target.chat(&with(
-                chat_body(REPETITIVE, 12),
-                "presence_penalty",
-                json!(2),
-            ))?)?;
-            ev.put("plain", plain.clone());
-            ev.put("penalised", pen.clone());
-            ensure!(
-                plain != pen,
-                "a different answer",
-                format!("both {plain:?}")
-            );
-            Ok(format!("{plain:?} → {pen:?}"))
-        },
+        |c, ev| penalty_changes_answer(c, ev, "presence_penalty"),
     );
     r.add(G, "chat.penalty.negative_accepted", "Negative penalties (−2) are accepted", "200", |c, ev| {
         let body = json!({"messages": [{"role": "user", "content": REPETITIVE}], "max_tokens": 4, "temperature": 0, "frequency_penalty": -2, "presence_penalty": -2});

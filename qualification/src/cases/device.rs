@@ -12,7 +12,7 @@ use crate::case::{Group, Registry, Stop};
 use crate::ctx::Ctx;
 use crate::fixtures::{self, write_fake_sysfs, THERMAL_INTERVAL_MS, THERMAL_SETTLE};
 use crate::prom::{self, Kind};
-use crate::target::{counting, expect_error, metric_of, Target};
+use crate::target::{counting, expect_error, expect_retry_after, metric_of, Target};
 use crate::{ensure, ensure_eq};
 
 const G: Group = Group::Device;
@@ -653,12 +653,7 @@ pub fn register(r: &mut Registry) {
             let resp = t.post("/v1/completions", &counting(4, false))?;
             ev.text("response", &resp.describe());
             let err = expect_error(&resp, 503, None, Some("overheated"))?;
-            let ra = resp.header("retry-after").unwrap_or_default().to_string();
-            ensure!(
-                ra.parse::<u64>().is_ok_and(|s| s >= 1),
-                "Retry-After ≥ 1",
-                format!("{ra:?}")
-            );
+            let ra = expect_retry_after(&resp)?;
             drive(&t, fx.path(), 45.8, "normal", 2)?;
             Ok(format!(
                 "503 overheated, Retry-After {ra}: {}",

@@ -15,8 +15,8 @@ use crate::ctx::Ctx;
 use crate::http::{self, Exchange, Request, Response};
 use crate::sse::Capture;
 use crate::target::{
-    chat_body, counting, expect_error, metric, metric_of, streaming, text_of, u64_at, Target,
-    SETTLE,
+    chat_body, counting, expect_error, expect_retry_after, metric, metric_of, streaming, text_of,
+    u64_at, Target, SETTLE,
 };
 use crate::{ensure, ensure_eq};
 
@@ -706,17 +706,8 @@ pub fn register(r: &mut Registry) {
         "Retry-After: a positive integer of seconds",
         |c, ev| {
             let o = overflow(c)?;
-            let ra = o
-                .plain
-                .header("retry-after")
-                .unwrap_or_default()
-                .to_string();
-            ev.put("retry_after", ra.clone());
-            ensure!(
-                ra.parse::<u64>().is_ok_and(|s| s >= 1),
-                "Retry-After ≥ 1",
-                format!("{ra:?}")
-            );
+            ev.put("retry_after", o.plain.header("retry-after"));
+            let ra = expect_retry_after(&o.plain)?;
             Ok(format!("Retry-After: {ra}"))
         },
     )
@@ -810,17 +801,8 @@ pub fn register(r: &mut Registry) {
         "Retry-After ≥ 1",
         |c, ev| {
             let t = timeout(c)?;
-            let ra = t
-                .plain
-                .header("retry-after")
-                .unwrap_or_default()
-                .to_string();
-            ev.put("retry_after", ra.clone());
-            ensure!(
-                ra.parse::<u64>().is_ok_and(|s| s >= 1),
-                "Retry-After ≥ 1",
-                format!("{ra:?}")
-            );
+            ev.put("retry_after", t.plain.header("retry-after"));
+            let ra = expect_retry_after(&t.plain)?;
             Ok(format!("Retry-After: {ra}"))
         },
     )

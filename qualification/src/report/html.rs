@@ -188,62 +188,7 @@ pub fn render(r: &Report) -> String {
     o.push_str("</table>");
 
     o.push_str("<h2>Environment</h2><table>");
-    let floors = e
-        .board
-        .get("perf_floors")
-        .map(|f| f.to_string())
-        .unwrap_or_else(|| "null".into());
-    for (k, v) in [
-        (
-            "board",
-            format!(
-                "{} — {}",
-                e.board["name"].as_str().unwrap_or("unknown"),
-                e.board["reason"].as_str().unwrap_or("")
-            ),
-        ),
-        (
-            "perf floors",
-            if floors == "null" {
-                "none in the profile (perf floors skipped, measured values recorded)".into()
-            } else {
-                floors
-            },
-        ),
-        ("daemon version", e.daemon_version.clone()),
-        (
-            "daemon binary",
-            e.daemon_binary.clone().unwrap_or_else(|| "—".into()),
-        ),
-        (
-            "model",
-            format!(
-                "{} {}",
-                e.model_id,
-                e.model_path.clone().unwrap_or_default()
-            ),
-        ),
-        (
-            "model SHA-256",
-            e.model_sha256.clone().unwrap_or_else(|| "unknown".into()),
-        ),
-        (
-            "manifest SHA-256",
-            e.manifest_sha256
-                .clone()
-                .unwrap_or_else(|| "none (no --manifest)".into()),
-        ),
-        ("mode", format!("{} → {}", e.mode, e.target)),
-        ("shared daemon", super::shared_line(e)),
-        ("host", super::host_line(e)),
-        (
-            "suite",
-            format!(
-                "inferloop-qual {} · --jobs {} · filter {:?}",
-                e.suite_version, e.jobs, e.filter
-            ),
-        ),
-    ] {
+    for (k, v) in super::environment_rows(e) {
         let _ = write!(
             o,
             "<tr><th style=\"width:170px\">{}</th><td><code>{}</code></td></tr>",

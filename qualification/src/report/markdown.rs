@@ -24,37 +24,7 @@ pub fn render(r: &Report) -> String {
         r.totals.passed, r.totals.failed, r.totals.skipped, r.totals.total, r.wall_s, e.started_utc
     );
     let _ = writeln!(o, "## Environment\n\n| | |\n|---|---|");
-    let board = format!(
-        "{} ({})",
-        e.board["name"].as_str().unwrap_or("unknown"),
-        e.board["reason"].as_str().unwrap_or("")
-    );
-    for (k, v) in [
-        ("board", board),
-        ("daemon version", e.daemon_version.clone()),
-        (
-            "daemon binary",
-            e.daemon_binary.clone().unwrap_or_else(|| "—".into()),
-        ),
-        ("model", e.model_id.clone()),
-        (
-            "model SHA-256",
-            e.model_sha256.clone().unwrap_or_else(|| "unknown".into()),
-        ),
-        (
-            "manifest SHA-256",
-            e.manifest_sha256
-                .clone()
-                .unwrap_or_else(|| "none (no --manifest)".into()),
-        ),
-        ("mode", format!("{} → {}", e.mode, e.target)),
-        ("host", super::host_line(e)),
-        ("shared daemon", super::shared_line(e)),
-        (
-            "suite",
-            format!("inferloop-qual {}, --jobs {}", e.suite_version, e.jobs),
-        ),
-    ] {
+    for (k, v) in super::environment_rows(e) {
         let _ = writeln!(o, "| {k} | {} |", cell(&v));
     }
     let _ = writeln!(o, "\n## Groups\n\n| group | pass | fail | skip | total | covers |\n|---|---:|---:|---:|---:|---|");

@@ -139,6 +139,58 @@ impl Report {
     }
 }
 
+/// The environment table, shared by the HTML and Markdown reports.
+pub fn environment_rows(e: &Environment) -> Vec<(&'static str, String)> {
+    let floors = match e.board.get("perf_floors") {
+        Some(f) if !f.is_null() => f.to_string(),
+        _ => "none in the profile (perf floors skipped, measured values recorded)".into(),
+    };
+    vec![
+        (
+            "board",
+            format!(
+                "{} — {}",
+                e.board["name"].as_str().unwrap_or("unknown"),
+                e.board["reason"].as_str().unwrap_or("")
+            ),
+        ),
+        ("perf floors", floors),
+        ("daemon version", e.daemon_version.clone()),
+        (
+            "daemon binary",
+            e.daemon_binary.clone().unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "model",
+            format!(
+                "{} {}",
+                e.model_id,
+                e.model_path.clone().unwrap_or_default()
+            ),
+        ),
+        (
+            "model SHA-256",
+            e.model_sha256.clone().unwrap_or_else(|| "unknown".into()),
+        ),
+        (
+            "manifest SHA-256",
+            e.manifest_sha256
+                .clone()
+                .unwrap_or_else(|| "none (no --manifest)".into()),
+        ),
+        ("mode", format!("{} → {}", e.mode, e.target)),
+        ("shared daemon", shared_line(e)),
+        ("host", host_line(e)),
+        (
+            "suite",
+            format!(
+                "inferloop-qual {} · --jobs {} · filter {:?}",
+                e.suite_version, e.jobs, e.filter
+            ),
+        ),
+    ]
+}
+
 /// The host in one line: name, architecture, CPUs, kernel and the load around the run.
 pub fn host_line(e: &Environment) -> String {
     let h = &e.host;
