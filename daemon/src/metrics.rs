@@ -210,7 +210,7 @@ impl Metrics {
         counter(
             &mut out,
             "inferloop_cancelled_total",
-            "Sequences stopped because the client disconnected.",
+            "Requests stopped because the client disconnected, while running or while queued.",
             self.cancelled_total.get(),
         );
         self.ttft_seconds.render(

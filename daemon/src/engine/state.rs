@@ -36,6 +36,8 @@ pub struct State<J> {
     queue: VecDeque<Queued<J>>,
     queue_capacity: usize,
     queue_timeout: Duration,
+    /// Waiters dropped because their client left, since the last `take_departed`.
+    departed: u64,
 }
 
 impl<J: Waiter> State<J> {
@@ -53,6 +55,7 @@ impl<J: Waiter> State<J> {
             queue: VecDeque::new(),
             queue_capacity,
             queue_timeout,
+            departed: 0,
         }
     }
 
@@ -82,13 +85,16 @@ impl<J: Waiter> State<J> {
         self.max_active = n.clamp(1, self.busy.len());
     }
 
-    /// Accepts a job if it can start now or the queue has room. Waiters whose client left
-    /// are dropped first, so they never cost a live client a 429.
+    /// Accepts a job unless, at this moment, every slot is taken and the queue is full.
+    ///
+    /// Jobs offered together (a burst on an idle server) reach the decode thread before it
+    /// admits any of them, so they all sit in the queue for a moment: the queue is judged by
+    /// what would still wait after every startable job started, not by its raw length.
+    /// Waiters whose client left are dropped first, so they never cost a live client a 429.
     pub fn offer(&mut self, job: J, now: Instant) -> Result<(), (Rejected, J)> {
         self.drop_gone();
-        let can_start_now =
-            self.queue.is_empty() && self.free_slot().is_some() && self.kv_fits(job.kv_cells());
-        if !can_start_now && self.queue.len() >= self.queue_capacity {
+        let would_wait = self.queue.len() + 1 - self.startable(Some(&job));
+        if would_wait > self.queue_capacity {
             return Err((
                 Rejected::QueueFull {
                     capacity: self.queue_capacity,
@@ -98,6 +104,24 @@ impl<J: Waiter> State<J> {
         }
         self.queue.push_back(Queued { job, since: now });
         Ok(())
+    }
+
+    /// How many queued jobs (then `next`), from the front, `admit` would start now: free
+    /// slots under the cap, KV cells in FIFO order (a head short of cells blocks the rest).
+    fn startable(&self, next: Option<&J>) -> usize {
+        let mut slots = self.max_active.saturating_sub(self.active());
+        let mut cells = self.kv_reserved();
+        let mut n = 0;
+        for job in self.queue.iter().map(|q| &q.job).chain(next) {
+            let need = job.kv_cells();
+            if slots == 0 || cells + need > self.kv_capacity {
+                break;
+            }
+            slots -= 1;
+            cells += need;
+            n += 1;
+        }
+        n
     }
 
     /// Removes waiters that waited past the queue timeout, oldest first.
@@ -115,7 +139,15 @@ impl<J: Waiter> State<J> {
     pub fn drop_gone(&mut self) -> usize {
         let before = self.queue.len();
         self.queue.retain(|q| !q.job.is_gone());
-        before - self.queue.len()
+        let dropped = before - self.queue.len();
+        self.departed += dropped as u64;
+        dropped
+    }
+
+    /// Waiters dropped because their client left since the last call: they are
+    /// cancellations, counted like those of running requests.
+    pub fn take_departed(&mut self) -> u64 {
+        std::mem::take(&mut self.departed)
     }
 
     /// Moves the oldest live waiter into a free slot if its KV cells are free too. Waiters
@@ -126,6 +158,7 @@ impl<J: Waiter> State<J> {
         while let Some(front) = self.queue.front() {
             if front.job.is_gone() {
                 self.queue.pop_front();
+                self.departed += 1;
                 continue;
             }
             if !self.kv_fits(front.job.kv_cells()) {
@@ -274,6 +307,52 @@ mod tests {
     }
 
     #[test]
+    fn burst_on_an_idle_server_fills_every_slot_before_the_queue() {
+        // Regression: four requests arriving together with `--slots 4 --queue 1` got two
+        // 429s, because the queue was judged by its raw length before any admission.
+        let now = Instant::now();
+        let mut s = state(4, 1);
+        for id in 0..5 {
+            assert!(s.offer(Job::new(id), now).is_ok(), "job {id} refused");
+        }
+        assert!(s.offer(Job::new(5), now).is_err(), "4 slots + 1 queued");
+        let started: Vec<u32> = std::iter::from_fn(|| s.admit(now).map(|a| a.job.id)).collect();
+        assert_eq!(started, vec![0, 1, 2, 3]);
+        assert_eq!(s.queued(), 1);
+    }
+
+    #[test]
+    fn burst_of_32_over_4_slots_and_8_queued_refuses_exactly_20() {
+        let now = Instant::now();
+        let mut s = state(4, 8);
+        let refused = (0..32)
+            .filter(|id| s.offer(Job::new(*id), now).is_err())
+            .count();
+        assert_eq!(refused, 20);
+    }
+
+    #[test]
+    fn burst_respects_the_thermal_cap_and_kv_cells() {
+        let now = Instant::now();
+        let mut s: State<Job> = State::new(4, 1, Duration::from_secs(10), 1000);
+        s.set_max_active(2);
+        assert!(s.offer(Job::sized(0, 400), now).is_ok());
+        assert!(s.offer(Job::sized(1, 400), now).is_ok());
+        assert!(
+            s.offer(Job::sized(2, 100), now).is_ok(),
+            "queued behind the cap"
+        );
+        assert!(s.offer(Job::sized(3, 100), now).is_err(), "cap 2 + queue 1");
+        let mut s: State<Job> = State::new(4, 1, Duration::from_secs(10), 1000);
+        assert!(s.offer(Job::sized(0, 900), now).is_ok());
+        assert!(s.offer(Job::sized(1, 900), now).is_ok(), "waits for cells");
+        assert!(
+            s.offer(Job::sized(2, 10), now).is_err(),
+            "FIFO: blocked behind 1"
+        );
+    }
+
+    #[test]
     fn zero_queue_still_accepts_when_a_slot_is_free() {
         let now = Instant::now();
         let mut s = state(2, 0);
@@ -294,6 +373,8 @@ mod tests {
         leaver.gone.set(true);
         assert_eq!(s.admit(now).map(|a| a.job.id), Some(1));
         assert_eq!(s.queued(), 0);
+        assert_eq!(s.take_departed(), 1, "the leaver counts as a cancellation");
+        assert_eq!(s.take_departed(), 0);
     }
 
     #[test]
@@ -320,6 +401,7 @@ mod tests {
         waiting.gone.set(true);
         assert_eq!(s.drop_gone(), 1);
         assert!(s.offer(Job::new(2), now).is_ok());
+        assert_eq!(s.take_departed(), 1);
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub(super) fn run(
         .with_n_seq_max(slots as u32)
         .with_kv_unified(shared)
         .with_n_batch(batch_capacity as u32)
-        .with_n_ubatch(batch_capacity.min(512) as u32)
+        .with_n_ubatch(batch_capacity.min(crate::boot::N_UBATCH as usize) as u32)
         .with_n_threads(config.threads)
         .with_n_threads_batch(config.threads);
     let ctx = match model.llama().new_context(model.backend(), params) {
@@ -260,6 +260,7 @@ impl Worker<'_> {
             let Job { request, events } = admitted.job;
             let queue_ms = ms(admitted.waited);
             if events.send(Event::Admitted { queue_ms }).is_err() {
+                self.metrics.cancelled_total.inc();
                 self.state.release(admitted.slot);
                 continue;
             }
@@ -450,7 +451,12 @@ impl Worker<'_> {
         self.publish_load();
     }
 
-    fn publish_load(&self) {
+    fn publish_load(&mut self) {
+        // Queued clients that left are cancellations too (dropped inside `State`).
+        let departed = self.state.take_departed();
+        if departed > 0 {
+            self.metrics.cancelled_total.inc_by(departed);
+        }
         let active = self.state.active();
         let queued = self.state.queued();
         let kv_reserved = self.state.kv_reserved();
