@@ -5,6 +5,7 @@
 //! scheduler [`state::State`], the context and every live sequence.
 
 pub mod model;
+pub mod prompt;
 pub mod state;
 pub mod text;
 mod worker;

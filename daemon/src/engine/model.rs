@@ -2,12 +2,14 @@
 //! handlers (which render chat templates and tokenize off the decode thread).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use serde::Serialize;
 
+use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
 use super::EngineError;
 
 /// Facts about the model that the API and status routes report.
@@ -42,15 +44,6 @@ pub fn llama_system_info() -> &'static str {
     })
 }
 
-/// Why a chat could not be turned into a prompt.
-#[derive(Debug, thiserror::Error)]
-pub enum PromptError {
-    #[error("message {index}: content contains a NUL byte")]
-    NulByte { index: usize },
-    #[error("the model's chat template could not render these messages (code {0})")]
-    Template(String),
-}
-
 /// A chat message after validation: role and plain text content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatTurn {
@@ -62,7 +55,10 @@ pub struct ChatTurn {
 pub struct LoadedModel {
     // Field order matters: the model must be freed before the backend.
     model: LlamaModel,
-    template: Option<LlamaChatTemplate>,
+    /// The model's own template, or ChatML for a model without one.
+    template: LlamaChatTemplate,
+    bounds: PromptBounds,
+    vocab: Vocabulary,
     info: ModelInfo,
     backend: LlamaBackend,
 }
@@ -84,7 +80,15 @@ impl LoadedModel {
                 "llama.cpp could not load it ({e}); is it a GGUF file?"
             ))
         })?;
-        let template = model.chat_template(None).ok();
+        let own_template = model.chat_template(None).ok();
+        let has_chat_template = own_template.is_some();
+        let template = match own_template {
+            Some(t) => t,
+            None => LlamaChatTemplate::new("chatml").map_err(|e| fail(e.to_string()))?,
+        };
+        let bounds = PromptBounds::measure(&model, &template);
+        let vocab = Vocabulary::of(&model);
+        tracing::debug!(?bounds, "prompt bounds measured");
         let created = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .ok()
@@ -99,12 +103,14 @@ impl LoadedModel {
             n_embd: model.n_embd(),
             n_vocab: model.n_vocab(),
             n_ctx_train: model.n_ctx_train(),
-            has_chat_template: template.is_some(),
+            has_chat_template,
             created,
         };
         Ok(Self {
             model,
             template,
+            bounds,
+            vocab,
             info,
             backend,
         })
@@ -122,43 +128,54 @@ impl LoadedModel {
         &self.backend
     }
 
-    /// Renders messages with the model's own template (llama.cpp's built-in matcher), ending
-    /// with the assistant's turn opened. Models without a template fall back to ChatML.
+    /// What bounds the input that can fit a context, measured at load.
+    pub fn prompt_bounds(&self) -> PromptBounds {
+        self.bounds
+    }
+
+    /// Renders messages with the model's own template (llama.cpp's built-in matcher; ChatML
+    /// for a model without one), ending with the assistant's turn opened, and tokenizes it
+    /// with message text kept plain (see [`prompt`](super::prompt)).
     ///
     /// No system prompt is injected when the client sends none: what the model sees is what
     /// the client sent, and short prompts keep TTFT low.
-    pub fn render_chat(&self, turns: &[ChatTurn]) -> Result<String, PromptError> {
-        let messages = turns
-            .iter()
-            .enumerate()
-            .map(|(index, t)| {
-                LlamaChatMessage::new(t.role.clone(), t.content.clone())
-                    .map_err(|_| PromptError::NulByte { index })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let chatml;
-        let template = match &self.template {
-            Some(t) => t,
-            None => {
-                chatml = LlamaChatTemplate::new("chatml")
-                    .map_err(|e| PromptError::Template(e.to_string()))?;
-                &chatml
-            }
-        };
-        self.model
-            .apply_chat_template(template, &messages, true)
-            .map_err(|e| PromptError::Template(e.to_string()))
+    pub fn chat_prompt(
+        &self,
+        turns: &[ChatTurn],
+        limit: Limit,
+        gone: &AtomicBool,
+    ) -> Result<Prompt, PromptError> {
+        prompt::chat(&self.model, &self.template, &self.vocab, turns, limit, gone)
     }
 
-    /// Tokenizes a prompt, adding BOS if the vocabulary wants it and parsing special tokens
-    /// (the rendered template contains them).
-    pub fn tokenize(&self, text: &str) -> Vec<i32> {
+    /// Tokenizes a raw prompt (BOS added if the vocabulary wants it). Text that looks like a
+    /// special token stays text unless `parse_special`.
+    pub fn text_prompt(
+        &self,
+        text: &str,
+        parse_special: bool,
+        limit: Limit,
+        gone: &AtomicBool,
+    ) -> Result<Prompt, PromptError> {
+        prompt::text(&self.model, &self.vocab, text, parse_special, limit, gone)
+    }
+
+    /// llama.cpp's tokenization of a whole string in one call, specials parsed: what the
+    /// piecewise assembly in [`prompt`](super::prompt) must equal for ordinary text.
+    pub fn tokenize_whole(&self, text: &str) -> Vec<i32> {
         self.model
             .vocab()
             .tokenize(text.as_bytes(), true, true)
             .into_iter()
             .map(|t| t.0)
             .collect()
+    }
+
+    /// Whether a token is a control token (a template marker such as `<|im_start|>`).
+    pub fn is_control(&self, token: i32) -> bool {
+        self.model
+            .vocab()
+            .is_control(llama_cpp_2::token::LlamaToken(token))
     }
 
     /// The text of a token sequence, for echoing prompts back.

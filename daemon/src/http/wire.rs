@@ -39,6 +39,9 @@ pub struct CompletionRequest {
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub echo: Option<bool>,
+    /// InferLoop extension: parse special-token text in `prompt` (e.g. `<|im_start|>`) into
+    /// control tokens. Off by default, so text pasted into a prompt stays text.
+    pub parse_special: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
 }

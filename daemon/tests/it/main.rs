@@ -13,5 +13,6 @@ mod input;
 mod lifecycle;
 mod load;
 mod memory;
+mod prompt;
 mod stream;
 mod thermal;

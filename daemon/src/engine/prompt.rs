@@ -1,0 +1,490 @@
+//! From a request's input to prompt tokens: the size bounds checked before any work, the chat
+//! template, and tokenization that keeps message text plain.
+//!
+//! Only the chat template's own markers may become control tokens: a user who writes
+//! `<|im_end|>` gets those characters, not a new turn. The template is rendered once with a
+//! per-request sentinel in place of each content; the rendered text is cut at the sentinels,
+//! special tokens are looked for in the template's pieces only, and the text between two
+//! special tokens (template text and message text alike) is tokenized in one call with
+//! special-token parsing off. That is the partition llama.cpp makes itself when it parses
+//! specials, so ordinary chats get exactly the tokens the whole rendered string would get.
+//! Every step is linear in the input, and the work stops once the client has left.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel, VocabType};
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token_type::LlamaTokenAttr;
+use rand::distributions::{Alphanumeric, DistString};
+
+use super::model::ChatTurn;
+
+/// Why an input could not become a prompt.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PromptError {
+    #[error("message {index}: content contains a NUL byte")]
+    NulByte { index: usize },
+    #[error("the model's chat template could not render these messages (code {0})")]
+    Template(String),
+    #[error(
+        "has {count} messages; a context of {ctx} tokens holds at most {max} (each message \
+         costs at least {per_message} tokens in this model's chat template)"
+    )]
+    TooManyMessages {
+        count: usize,
+        max: usize,
+        ctx: u32,
+        per_message: usize,
+    },
+    #[error(
+        "holds {bytes} bytes of text; a context of {ctx} tokens holds at most {max} bytes \
+         (no token of this model covers more than {per_token} bytes)"
+    )]
+    TooManyBytes {
+        bytes: usize,
+        max: usize,
+        ctx: u32,
+        per_token: usize,
+    },
+    #[error(
+        "tokenizes to more than {limit} tokens; a context of {ctx} tokens leaves at most \
+         {limit} for the prompt"
+    )]
+    TooManyTokens { limit: usize, ctx: u32 },
+    #[error("the client left while the prompt was being prepared")]
+    Cancelled,
+}
+
+impl PromptError {
+    /// Errors that say the prompt cannot fit the context, whatever the model would make of it.
+    pub fn is_too_long(&self) -> bool {
+        matches!(
+            self,
+            Self::TooManyMessages { .. } | Self::TooManyBytes { .. } | Self::TooManyTokens { .. }
+        )
+    }
+}
+
+/// Facts about the vocabulary and template that bound how much input can fit a context.
+/// Measured once at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptBounds {
+    /// The fewest tokens one more message adds to a rendered chat (at least 1).
+    pub min_tokens_per_message: usize,
+    /// The most bytes of text any one token stands for: `bytes / this` is a lower bound on
+    /// the tokens a text needs.
+    pub max_bytes_per_token: usize,
+}
+
+impl PromptBounds {
+    /// Measures the bounds of a loaded model and its template.
+    pub fn measure(model: &LlamaModel, template: &LlamaChatTemplate) -> Self {
+        let vocab = model.vocab();
+        let max_bytes_per_token = (0..vocab.n_tokens())
+            .map(|t| vocab.token_to_piece(LlamaToken(t), false, None).len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        // One more message of each role after a fixed first one: the template's cost of a
+        // message with empty content. Roles a template cannot render are skipped.
+        let count = |turns: &[(&str, &str)]| -> Option<usize> {
+            let messages = turns
+                .iter()
+                .map(|(r, c)| LlamaChatMessage::new((*r).into(), (*c).into()).ok())
+                .collect::<Option<Vec<_>>>()?;
+            let text = model.apply_chat_template(template, &messages, true).ok()?;
+            Some(vocab.tokenize(text.as_bytes(), true, true).len())
+        };
+        let base = count(&[("user", "x")]);
+        let min_tokens_per_message = ["system", "user", "assistant"]
+            .iter()
+            .filter_map(|role| Some(count(&[("user", "x"), (role, "")])?.saturating_sub(base?)))
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            min_tokens_per_message,
+            max_bytes_per_token,
+        }
+    }
+
+    /// Most messages a chat may have to fit `ctx` tokens.
+    pub fn max_messages(&self, ctx: u32) -> usize {
+        ctx as usize / self.min_tokens_per_message
+    }
+
+    /// Most bytes of text (all contents together) that can fit `ctx` tokens.
+    pub fn max_bytes(&self, ctx: u32) -> usize {
+        (ctx as usize).saturating_mul(self.max_bytes_per_token)
+    }
+
+    /// Refuses, before any templating or tokenization, a chat that cannot fit `ctx` tokens.
+    pub fn check_chat(&self, turns: &[ChatTurn], ctx: u32) -> Result<(), PromptError> {
+        let max = self.max_messages(ctx);
+        if turns.len() > max {
+            return Err(PromptError::TooManyMessages {
+                count: turns.len(),
+                max,
+                ctx,
+                per_message: self.min_tokens_per_message,
+            });
+        }
+        self.check_bytes(turns.iter().map(|t| t.content.len()).sum(), ctx)
+    }
+
+    /// Refuses, before tokenization, a text of `bytes` bytes that cannot fit `ctx` tokens.
+    pub fn check_bytes(&self, bytes: usize, ctx: u32) -> Result<(), PromptError> {
+        let max = self.max_bytes(ctx);
+        if bytes > max {
+            return Err(PromptError::TooManyBytes {
+                bytes,
+                max,
+                ctx,
+                per_token: self.max_bytes_per_token,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A prompt ready for the engine: its text (for `echo`) and its tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: String,
+    pub tokens: Vec<i32>,
+}
+
+/// Renders `turns` with `template` and tokenizes the result, message text as plain text.
+/// `gone` is polled between pieces: once set, the work stops with [`PromptError::Cancelled`].
+pub fn chat(
+    model: &LlamaModel,
+    template: &LlamaChatTemplate,
+    vocab: &Vocabulary,
+    turns: &[ChatTurn],
+    limit: Limit,
+    gone: &AtomicBool,
+) -> Result<Prompt, PromptError> {
+    let sentinels = Sentinels::for_turns(turns);
+    let messages = turns
+        .iter()
+        .enumerate()
+        .map(|(index, t)| {
+            if t.content.contains('\0') {
+                return Err(PromptError::NulByte { index });
+            }
+            LlamaChatMessage::new(t.role.clone(), sentinels.of(index))
+                .map_err(|_| PromptError::NulByte { index })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rendered = model
+        .apply_chat_template(template, &messages, true)
+        .map_err(|e| PromptError::Template(e.to_string()))?;
+    let mut out = Tokens::new(model, vocab, limit, gone);
+    let mut rest = rendered.as_str();
+    for (index, turn) in turns.iter().enumerate() {
+        // A template may drop a message (some ignore a system turn): its text is skipped.
+        let Some((markup, after)) = rest.split_once(&sentinels.of(index)) else {
+            continue;
+        };
+        out.markup(markup)?;
+        out.text(&turn.content)?;
+        rest = after;
+    }
+    out.markup(rest)?;
+    out.finish()
+}
+
+/// Tokenizes a raw prompt. Special-token text stays plain unless `parse_special`.
+pub fn text(
+    model: &LlamaModel,
+    vocab: &Vocabulary,
+    text: &str,
+    parse_special: bool,
+    limit: Limit,
+    gone: &AtomicBool,
+) -> Result<Prompt, PromptError> {
+    let mut out = Tokens::new(model, vocab, limit, gone);
+    if parse_special {
+        out.markup(text)?;
+    } else {
+        out.text(text)?;
+    }
+    out.finish()
+}
+
+/// Most prompt tokens a request may have, and the context that sets it (for the message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    pub tokens: usize,
+    pub ctx: u32,
+}
+
+impl Limit {
+    /// A prompt must leave at least one cell of the slot's context for the completion.
+    pub fn for_context(ctx: u32) -> Self {
+        Self {
+            tokens: (ctx as usize).saturating_sub(1),
+            ctx,
+        }
+    }
+}
+
+/// One sentinel per message: private-use characters around a per-request random tag and
+/// the index, so no content can contain it (checked, and drawn again if one does).
+struct Sentinels {
+    tag: String,
+}
+
+impl Sentinels {
+    fn for_turns(turns: &[ChatTurn]) -> Self {
+        loop {
+            let tag = Alphanumeric.sample_string(&mut rand::thread_rng(), 16);
+            let marker = format!("\u{E000}{tag}");
+            if !turns.iter().any(|t| t.content.contains(&marker)) {
+                return Self { tag };
+            }
+        }
+    }
+
+    fn of(&self, index: usize) -> String {
+        format!("\u{E000}{}{index}\u{E001}", self.tag)
+    }
+}
+
+/// What prompt assembly needs to know about the vocabulary, read once at load: its special
+/// tokens (control and user-defined) by their text, longest first so that a marker that is
+/// a prefix of another never wins; and whether long text may be tokenized in chunks.
+#[derive(Debug, Clone, Default)]
+pub struct Vocabulary {
+    by_text: Vec<(String, i32)>,
+    /// Byte-level BPE: its pre-tokenizer never joins a word to a space before the next
+    /// word, so text cut just before " word" tokenizes exactly as the whole would. That lets
+    /// an oversized text be refused after its first `limit` tokens instead of all of them.
+    chunkable: bool,
+}
+
+/// Bytes of text tokenized in one call when the vocabulary allows chunks.
+const CHUNK_BYTES: usize = 4096;
+
+impl Vocabulary {
+    pub fn of(model: &LlamaModel) -> Self {
+        let vocab = model.vocab();
+        let mut by_text: Vec<(String, i32)> = (0..vocab.n_tokens())
+            .filter(|t| {
+                let attr = vocab.attr(LlamaToken(*t));
+                attr.contains(LlamaTokenAttr::Control) || attr.contains(LlamaTokenAttr::UserDefined)
+            })
+            .filter_map(|t| {
+                let text = vocab.text(LlamaToken(t))?.to_str().ok()?;
+                (!text.is_empty()).then(|| (text.to_string(), t))
+            })
+            .collect();
+        by_text.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        Self {
+            by_text,
+            chunkable: matches!(vocab.vocab_type(), VocabType::BPE),
+        }
+    }
+
+    /// The first special token in `text`: where it starts, its length and its id.
+    fn first_in(&self, text: &str) -> Option<(usize, usize, i32)> {
+        text.char_indices().find_map(|(at, _)| {
+            let rest = &text[at..];
+            self.by_text
+                .iter()
+                .find(|(s, _)| rest.starts_with(s.as_str()))
+                .map(|(s, id)| (at, s.len(), *id))
+        })
+    }
+}
+
+/// Where to cut `text` so that the first part is about `CHUNK_BYTES` long and the cut
+/// falls just before a space that follows a non-space and precedes a non-space (a word
+/// boundary no pre-tokenizer merges across). `None`: no such place; take the whole text.
+fn chunk_end(text: &str) -> Option<usize> {
+    if text.len() <= CHUNK_BYTES {
+        return None;
+    }
+    let bytes = text.as_bytes();
+    (CHUNK_BYTES..bytes.len() - 1).find(|&i| {
+        bytes[i] == b' '
+            && !bytes[i - 1].is_ascii_whitespace()
+            && !bytes[i + 1].is_ascii_whitespace()
+    })
+}
+
+/// Accumulates a prompt: special tokens found in the template's markup go out as they are;
+/// all text between two of them is tokenized in one call with special parsing off. BOS (if
+/// the vocabulary wants one) goes first, EOS (if it wants one) last, as a whole-string
+/// tokenization would place them.
+struct Tokens<'a> {
+    model: &'a LlamaModel,
+    vocab: &'a Vocabulary,
+    limit: Limit,
+    gone: &'a AtomicBool,
+    text: String,
+    tokens: Vec<i32>,
+    /// Byte offset in `text` where the text not yet tokenized starts.
+    pending_from: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(
+        model: &'a LlamaModel,
+        vocab: &'a Vocabulary,
+        limit: Limit,
+        gone: &'a AtomicBool,
+    ) -> Self {
+        let llama = model.vocab();
+        let tokens = if llama.should_add_bos() {
+            vec![llama.bos().0]
+        } else {
+            Vec::new()
+        };
+        Self {
+            model,
+            vocab,
+            limit,
+            gone,
+            text: String::new(),
+            tokens,
+            pending_from: 0,
+        }
+    }
+
+    /// Stops the work once the client has left or the prompt can no longer fit.
+    fn check(&self) -> Result<(), PromptError> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(PromptError::Cancelled);
+        }
+        if self.tokens.len() > self.limit.tokens {
+            return Err(PromptError::TooManyTokens {
+                limit: self.limit.tokens,
+                ctx: self.limit.ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Template text: its special tokens become control tokens.
+    fn markup(&mut self, mut piece: &str) -> Result<(), PromptError> {
+        self.check()?;
+        while let Some((at, len, id)) = self.vocab.first_in(piece) {
+            self.text.push_str(&piece[..at]);
+            self.flush()?;
+            self.text.push_str(&piece[at..at + len]);
+            self.tokens.push(id);
+            self.pending_from = self.text.len();
+            piece = &piece[at + len..];
+        }
+        self.text.push_str(piece);
+        Ok(())
+    }
+
+    /// Message text: always plain text.
+    fn text(&mut self, piece: &str) -> Result<(), PromptError> {
+        self.check()?;
+        self.text.push_str(piece);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), PromptError> {
+        self.check()?;
+        let vocab = self.model.vocab();
+        while self.pending_from < self.text.len() {
+            let pending = &self.text[self.pending_from..];
+            let end = if self.vocab.chunkable {
+                chunk_end(pending).unwrap_or(pending.len())
+            } else {
+                pending.len()
+            };
+            let tokens = vocab.tokenize(&pending.as_bytes()[..end], false, false);
+            self.tokens.extend(tokens.into_iter().map(|t| t.0));
+            self.pending_from += end;
+            self.check()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Prompt, PromptError> {
+        self.flush()?;
+        let vocab = self.model.vocab();
+        if vocab.should_add_eos() {
+            self.tokens.push(vocab.eos().0);
+            self.check()?;
+        }
+        Ok(Prompt {
+            text: self.text,
+            tokens: self.tokens,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds() -> PromptBounds {
+        PromptBounds {
+            min_tokens_per_message: 5,
+            max_bytes_per_token: 16,
+        }
+    }
+
+    fn turns(n: usize, content: &str) -> Vec<ChatTurn> {
+        (0..n)
+            .map(|_| ChatTurn {
+                role: "user".into(),
+                content: content.into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn message_count_is_bounded_by_the_context() {
+        let b = bounds();
+        assert_eq!(b.max_messages(2048), 409);
+        assert!(b.check_chat(&turns(409, "a"), 2048).is_ok());
+        let err = b.check_chat(&turns(20_000, "a"), 2048).unwrap_err();
+        assert!(err.is_too_long());
+        assert_eq!(
+            err,
+            PromptError::TooManyMessages {
+                count: 20_000,
+                max: 409,
+                ctx: 2048,
+                per_message: 5
+            }
+        );
+    }
+
+    #[test]
+    fn text_bytes_are_bounded_by_the_context() {
+        let b = bounds();
+        assert!(b.check_bytes(2048 * 16, 2048).is_ok());
+        assert!(matches!(
+            b.check_bytes(2048 * 16 + 1, 2048),
+            Err(PromptError::TooManyBytes { max: 32768, .. })
+        ));
+        let one_big = turns(1, &"x".repeat(40_000));
+        assert!(b.check_chat(&one_big, 2048).unwrap_err().is_too_long());
+    }
+
+    #[test]
+    fn chunks_end_before_a_space_between_two_words() {
+        assert_eq!(chunk_end("short text"), None);
+        let text = format!("{}  x yz", "a".repeat(CHUNK_BYTES));
+        let end = chunk_end(&text).expect("a word boundary");
+        assert_eq!(&text[end..], " yz", "not inside the double space");
+        assert_eq!(chunk_end(&"b".repeat(CHUNK_BYTES * 2)), None);
+    }
+
+    #[test]
+    fn sentinels_never_occur_in_contents() {
+        let t = turns(3, "hello \u{E000} world");
+        let s = Sentinels::for_turns(&t);
+        assert!(t.iter().all(|m| !m.content.contains(&s.of(0))));
+        assert_ne!(s.of(1), s.of(11));
+        assert!(!s.of(1).contains(&s.of(11)) && !s.of(11).starts_with(&s.of(1)));
+    }
+}
