@@ -10,7 +10,9 @@ use crate::config::ServeConfig;
 use crate::exit::ExitCode;
 use crate::ledger::{read_limits, read_shape, Decision, GgufError, Plan};
 
-/// llama.cpp's micro-batch as the daemon configures it (see `engine::worker`).
+/// llama.cpp's widest micro-batch: `engine::worker` caps the context's `n_ubatch` at this and
+/// the ledger sizes the compute term with it (the prefill chunk plus the decode rows of the
+/// slots always reach it).
 pub const N_UBATCH: u64 = 512;
 
 #[derive(Debug, thiserror::Error)]
