@@ -17,7 +17,8 @@ pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// The OS error is the `source()`, printed by the `{:#}` chain, not repeated here.
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -80,7 +81,7 @@ pub struct ServeLayer {
     /// Longest wait in the queue before a 503, in milliseconds.
     #[arg(long)]
     pub queue_timeout_ms: Option<u64>,
-    /// Grace period for in-flight requests on SIGTERM, in seconds.
+    /// Grace period for in-flight requests on SIGTERM, SIGINT or SIGQUIT, in seconds.
     #[arg(long = "shutdown-timeout")]
     #[serde(alias = "shutdown_timeout")]
     pub shutdown_timeout_secs: Option<u64>,
@@ -425,7 +426,7 @@ impl ServeConfig {
         if max_body_bytes < 1024 {
             return Err(invalid("max_body_bytes", "must be at least 1024"));
         }
-        let api_key = l.api_key.filter(|k| !k.is_empty());
+        let api_key = check_api_key(l.api_key)?;
         let host = l.host.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         if !host.is_loopback() && api_key.is_none() && !l.insecure_no_auth.unwrap_or(false) {
             return Err(ConfigError::UnauthenticatedBind { host });
@@ -441,17 +442,34 @@ impl ServeConfig {
         if l.memory_budget_mb == Some(0) {
             return Err(invalid("memory_budget_mb", "must be positive"));
         }
+        let memory_budget = l
+            .memory_budget_mb
+            .map(|mb| mib_to_bytes("memory_budget_mb", mb))
+            .transpose()?;
+        let memory_margin = l
+            .memory_margin_mb
+            .map(|mb| mib_to_bytes("memory_margin_mb", mb))
+            .transpose()?;
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));
         }
+        let queue_timeout = wait("queue_timeout_ms", Duration::from_millis(queue_timeout_ms))?;
+        let shutdown_timeout = wait(
+            "shutdown_timeout",
+            Duration::from_secs(l.shutdown_timeout_secs.unwrap_or(30)),
+        )?;
+        let read_timeout = wait(
+            "read_timeout_secs",
+            Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
+        )?;
         Ok(Self {
             model,
             model_id,
             manifest,
             state_dir: l.state_dir,
-            memory_budget: l.memory_budget_mb.map(|mb| mb << 20),
-            memory_margin: l.memory_margin_mb.map(|mb| mb << 20),
+            memory_budget,
+            memory_margin,
             kv_cells,
             host,
             port: l.port.unwrap_or(8080),
@@ -460,13 +478,72 @@ impl ServeConfig {
             ctx,
             threads,
             api_key,
-            queue_timeout: Duration::from_millis(queue_timeout_ms),
-            shutdown_timeout: Duration::from_secs(l.shutdown_timeout_secs.unwrap_or(30)),
+            queue_timeout,
+            shutdown_timeout,
             max_body_bytes,
-            read_timeout: Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
+            read_timeout,
             thermal,
         })
     }
+}
+
+/// The most MiB a memory setting may name: its bytes must fit an `i64`, so neither the shift
+/// to bytes nor the ledger's sums and signed headroom can wrap (8 EiB, beyond any board).
+pub const MAX_MIB: u64 = (i64::MAX as u64) >> 20;
+
+/// The longest timeout accepted. Deadlines are `now + timeout`, which panics (hyper's header
+/// timer) or saturates somewhere past `u64` seconds; a year is already a typo, not a setting.
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// MiB from the command line, the environment or the file, to bytes; refuses what would wrap.
+fn mib_to_bytes(field: &'static str, mb: u64) -> Result<u64, ConfigError> {
+    if mb > MAX_MIB {
+        return Err(ConfigError::Invalid {
+            field,
+            message: format!("is {mb} MiB, more than the {MAX_MIB} MiB that fit in 64-bit bytes"),
+        });
+    }
+    Ok(mb << 20)
+}
+
+fn wait(field: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+    if d > MAX_WAIT {
+        return Err(ConfigError::Invalid {
+            field,
+            message: format!(
+                "must be at most {} s (365 days), got {} s",
+                MAX_WAIT.as_secs(),
+                d.as_secs()
+            ),
+        });
+    }
+    Ok(d)
+}
+
+/// An empty key means none. A key no client can send in `Authorization: Bearer KEY` is
+/// refused: HTTP strips a header value's surrounding whitespace and carries visible ASCII
+/// only, so such a key would pass the non-loopback guard and then lock every client out.
+/// The messages never quote the key.
+fn check_api_key(key: Option<String>) -> Result<Option<String>, ConfigError> {
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        return Ok(None);
+    };
+    let problem = if key.trim().is_empty() {
+        "is only whitespace"
+    } else if key.trim() != key {
+        "starts or ends with whitespace, which HTTP strips from the header"
+    } else if !key.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
+        "holds a control or non-ASCII character, which an HTTP header cannot carry"
+    } else {
+        return Ok(Some(key));
+    };
+    Err(ConfigError::Invalid {
+        field: "api_key",
+        message: format!(
+            "(--api-key, INFERLOOP_API_KEY or the config file) {problem}: no client could \
+             authenticate with it"
+        ),
+    })
 }
 
 /// The weights path a manifest pins, for when no `--model` is given. Only the path is read
@@ -505,6 +582,16 @@ mod tests {
         assert_eq!(cfg.port, 3000);
         assert_eq!(cfg.slots, 3);
         assert_eq!(cfg.ctx, 512);
+    }
+
+    #[test]
+    fn unreadable_file_prints_the_os_error_once() {
+        let err = ServeLayer::from_file(Path::new("/nonexistent/inferloop.toml"))
+            .expect_err("no such file");
+        let printed = format!("{:#}", anyhow::Error::from(err));
+        let os = std::io::Error::from_raw_os_error(2).to_string();
+        assert_eq!(printed.matches(&os).count(), 1, "{printed}");
+        assert!(printed.contains("/nonexistent/inferloop.toml"), "{printed}");
     }
 
     #[test]
@@ -670,6 +757,143 @@ mod tests {
             ServeLayer::from_env(|k| (k == "INFERLOOP_HOT_CELSIUS").then(|| "warm".to_string()))
                 .expect_err("not a number");
         assert!(err.to_string().contains("INFERLOOP_HOT_CELSIUS"), "{err}");
+    }
+
+    fn refusal(flags: ServeLayer, env_pairs: &[(&str, &str)]) -> String {
+        match ServeConfig::resolve(None, flags, env(env_pairs)) {
+            Err(e @ ConfigError::Invalid { .. }) => e.to_string(),
+            other => panic!("expected an invalid setting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn memory_sizes_that_overflow_bytes_are_refused_not_wrapped() {
+        let margin = refusal(
+            ServeLayer {
+                memory_margin_mb: Some(u64::MAX),
+                ..ServeLayer::default()
+            },
+            &[],
+        );
+        assert!(
+            margin.contains("`memory_margin_mb`") && margin.contains("18446744073709551615"),
+            "{margin}"
+        );
+        // 2^44 MiB shifted to bytes is 2^64, which wrapped to a 0-byte limit.
+        let budget = refusal(
+            ServeLayer::default(),
+            &[("INFERLOOP_MEMORY_BUDGET_MB", "17592186044416")],
+        );
+        assert!(budget.contains("`memory_budget_mb`"), "{budget}");
+        let largest = ServeConfig::resolve(
+            None,
+            ServeLayer {
+                memory_budget_mb: Some(MAX_MIB),
+                memory_margin_mb: Some(MAX_MIB),
+                ..ServeLayer::default()
+            },
+            ServeLayer::default(),
+        )
+        .expect("the largest size is valid");
+        assert_eq!(largest.memory_budget, Some(MAX_MIB << 20));
+        assert!(largest.memory_margin.is_some_and(|b| b <= i64::MAX as u64));
+    }
+
+    #[test]
+    fn timeouts_past_a_year_are_refused_before_a_deadline_overflows() {
+        for (flags, field) in [
+            (
+                ServeLayer {
+                    queue_timeout_ms: Some(u64::MAX),
+                    ..ServeLayer::default()
+                },
+                "`queue_timeout_ms`",
+            ),
+            (
+                ServeLayer {
+                    read_timeout_secs: Some(u64::MAX),
+                    ..ServeLayer::default()
+                },
+                "`read_timeout_secs`",
+            ),
+            (
+                ServeLayer {
+                    shutdown_timeout_secs: Some(MAX_WAIT.as_secs() + 1),
+                    ..ServeLayer::default()
+                },
+                "`shutdown_timeout`",
+            ),
+        ] {
+            let err = refusal(flags, &[]);
+            assert!(err.contains(field), "{field}: {err}");
+        }
+        let year = ServeConfig::resolve(
+            None,
+            ServeLayer {
+                read_timeout_secs: Some(MAX_WAIT.as_secs()),
+                ..ServeLayer::default()
+            },
+            ServeLayer::default(),
+        )
+        .expect("a year is the limit, not over it");
+        assert_eq!(year.read_timeout, MAX_WAIT);
+    }
+
+    #[test]
+    fn api_key_no_client_can_send_is_refused_from_every_layer() {
+        let public = ServeLayer {
+            host: Some("0.0.0.0".parse().expect("ip")),
+            ..ServeLayer::default()
+        };
+        let flag = refusal(
+            ServeLayer {
+                api_key: Some("   ".into()),
+                ..public.clone()
+            },
+            &[],
+        );
+        assert!(
+            flag.contains("`api_key`") && flag.contains("whitespace"),
+            "{flag}"
+        );
+        let from_env = refusal(public.clone(), &[("INFERLOOP_API_KEY", "\t \n")]);
+        assert!(from_env.contains("INFERLOOP_API_KEY"), "{from_env}");
+        let file: ServeLayer = toml::from_str("api_key = \" \"\n").expect("toml");
+        let err = ServeConfig::resolve(Some(file), public.clone(), ServeLayer::default())
+            .expect_err("blank key in the file");
+        assert!(
+            matches!(
+                err,
+                ConfigError::Invalid {
+                    field: "api_key",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        for unsendable in [" secret", "secret\n", "sécret", "sec\u{7}ret"] {
+            let err = refusal(
+                ServeLayer {
+                    api_key: Some(unsendable.into()),
+                    ..public.clone()
+                },
+                &[],
+            );
+            assert!(
+                !err.contains("ecret"),
+                "the message must not quote the key: {err}"
+            );
+        }
+        let cfg = ServeConfig::resolve(
+            None,
+            ServeLayer {
+                api_key: Some("sk-a b~c".into()),
+                ..public
+            },
+            ServeLayer::default(),
+        )
+        .expect("a sendable key");
+        assert_eq!(cfg.api_key.as_deref(), Some("sk-a b~c"));
     }
 
     #[test]

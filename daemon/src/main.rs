@@ -12,6 +12,7 @@ use inferloop_thermal::render_table;
 use inferloopd::config::{ConfigError, ServeConfig, ServeLayer, ThermalSettings};
 use inferloopd::exit::ExitCode;
 use inferloopd::thermal::Probe;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -125,14 +126,6 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let boot = match inferloopd::boot::run_gates(&config) {
-        Ok(passed) => passed,
-        Err(e) => {
-            let code = e.exit_code();
-            tracing::error!("{:#}", anyhow::Error::from(e));
-            return code;
-        }
-    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("inferloop-io")
@@ -144,7 +137,43 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    match runtime.block_on(inferloopd::server::run(config, boot, shutdown_signal())) {
+    // Before the gates: a SIGHUP while the weights are hashed must not kill the daemon.
+    let mut signals = match runtime.block_on(async { Signals::listen() }) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for signals: {e}");
+            return ExitCode::Usage;
+        }
+    };
+    // The gates block (hashing gigabytes); a stop signal meanwhile exits at once, without
+    // waiting for the hash (`shutdown_background` leaves that thread to the exit).
+    let gates = runtime.block_on(async {
+        let config = config.clone();
+        let gates = tokio::task::spawn_blocking(move || inferloopd::boot::run_gates(&config));
+        tokio::select! {
+            passed = gates => Some(passed),
+            () = signals.stop_requested() => None,
+        }
+    });
+    let boot = match gates {
+        Some(Ok(Ok(passed))) => passed,
+        Some(Ok(Err(e))) => {
+            let code = e.exit_code();
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            return code;
+        }
+        Some(Err(e)) => {
+            tracing::error!("boot checks failed: {e}");
+            return ExitCode::ModelLoad;
+        }
+        None => {
+            tracing::info!("shutdown requested during the boot checks; exiting");
+            runtime.shutdown_background();
+            return ExitCode::Clean;
+        }
+    };
+    let shutdown = async move { signals.stop_requested().await };
+    match runtime.block_on(inferloopd::server::run(config, boot, shutdown)) {
         Ok(()) => ExitCode::Clean,
         Err(e) => {
             let code = e.exit_code();
@@ -278,19 +307,37 @@ fn resolve(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         .context("invalid configuration")
 }
 
-/// Resolves on SIGTERM or SIGINT; only `main` knows about signals.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM: {e}");
-            std::future::pending::<()>().await;
-            return;
+/// The signals `serve` answers; only `main` knows about them. Listening starts when this
+/// is built, which replaces the default action (die at once) for all four.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    quit: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Must run inside the runtime.
+    fn listen() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Resolves on SIGTERM, SIGINT or SIGQUIT: all three drain gracefully. SIGHUP asks a
+    /// daemon to reload; nothing here can be reloaded safely while serving (the model, the
+    /// ledger and the bind address are fixed at start), so it is logged and serving goes on.
+    async fn stop_requested(&mut self) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return tracing::info!("SIGTERM received"),
+                _ = self.int.recv() => return tracing::info!("SIGINT received"),
+                _ = self.quit.recv() => return tracing::info!("SIGQUIT received"),
+                _ = self.hup.recv() => tracing::info!("SIGHUP: nothing to reload, still serving"),
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

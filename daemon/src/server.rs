@@ -23,8 +23,10 @@ const PREFILL_CHUNK: usize = 512;
 /// How long exit waits for the decode thread to finish its current step and free the
 /// llama.cpp context.
 const DECODE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
-/// After the drain deadline, how long cancelled streams get to send their last frame.
-const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// After the drain deadline, how long cancelled requests get to send their last frame
+/// before every connection still open is closed. Small: the exit must follow
+/// `--shutdown-timeout` closely, and a cancelled answer is written within milliseconds.
+const CANCEL_GRACE: Duration = Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -152,25 +154,32 @@ pub async fn run(
         deadline_s = config.shutdown_timeout.as_secs(),
         "shutting down: no new connections, draining in-flight requests"
     );
+    // One deadline for everything: requests, half-sent requests and idle readers alike.
+    let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
     stop_tx.send_replace(true);
-    let graceful = match server.await {
-        Ok(g) => g,
+    let connections = match server.await {
+        Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "server task failed");
             engine.shutdown();
             return Ok(());
         }
     };
-    let drained = graceful.shutdown();
+    let (drained, closer) = connections.drain();
     tokio::pin!(drained);
     tokio::select! {
         () = &mut drained => tracing::info!("all requests finished"),
-        () = tokio::time::sleep(config.shutdown_timeout) => {
+        () = tokio::time::sleep_until(deadline) => {
             tracing::warn!("drain deadline passed; cancelling remaining requests");
             cancel_tx.send_replace(true);
             engine.shutdown();
+            // Connections that hold no answer (half a request, a body that never comes)
+            // would otherwise keep the process up until their read timeout.
+            closer.close_unanswered();
             if tokio::time::timeout(CANCEL_GRACE, &mut drained).await.is_err() {
-                tracing::warn!("some connections did not close in time");
+                tracing::warn!("closing connections still open after the cancel grace");
+                closer.close_all();
+                let _ = tokio::time::timeout(CANCEL_GRACE, drained).await;
             }
         }
     }

@@ -51,6 +51,8 @@ pub struct ValidRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub echo: bool,
+    /// Raw prompts only: special-token text becomes control tokens (an explicit opt-in).
+    pub parse_special: bool,
 }
 
 /// Parses a JSON body, naming the offending field on a type error.
@@ -76,6 +78,21 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, InvalidRequest>
     };
     let path = err.path().to_string();
     let inner = err.into_inner();
+    // serde reports `{"model":"a","model":"b"}` at the object holding the key, naming the
+    // key only in its message; name the key itself.
+    if let Some(key) = strip_position(&inner)
+        .strip_prefix("duplicate field `")
+        .and_then(|r| r.split('`').next())
+    {
+        let param = match path.as_str() {
+            "." => key.to_string(),
+            object => format!("{object}.{key}"),
+        };
+        return Err(InvalidRequest::field(
+            &param,
+            "appears more than once: duplicate keys are ambiguous",
+        ));
+    }
     match inner.classify() {
         serde_json::error::Category::Data if path != "." => Err(InvalidRequest::field(
             &path,
@@ -188,6 +205,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         include_usage: stream_usage(stream, req.stream_options)?,
         stream,
         echo: false,
+        parse_special: false,
     })
 }
 
@@ -225,6 +243,7 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         include_usage: stream_usage(stream, req.stream_options)?,
         stream,
         echo: req.echo.unwrap_or(false),
+        parse_special: req.parse_special.unwrap_or(false),
     })
 }
 
@@ -378,6 +397,20 @@ mod tests {
                 content: "hi".into()
             }])
         );
+    }
+
+    #[test]
+    fn duplicate_key_is_named_not_called_a_non_object() {
+        let root = chat_json(&format!(r#"{{"model":"a","model":"b",{HELLO}}}"#));
+        match &root {
+            Err(e @ InvalidRequest::Field { param, .. }) => {
+                assert_eq!(param, "model");
+                assert!(e.to_string().contains("more than once"), "{e}");
+            }
+            other => panic!("expected a duplicate-key error, got {other:?}"),
+        }
+        let nested = chat_json(r#"{"messages":[{"role":"user","role":"system","content":"hi"}]}"#);
+        assert_eq!(param_of(nested), "messages[0].role");
     }
 
     #[test]

@@ -23,9 +23,12 @@ pub use schema::{Loaded, Manifest, ModelPin, Placement, SCHEMA_VERSION};
 pub use verify::{verify_weights, Verified, VerifyCache};
 
 /// Everything that can go wrong reading a manifest or checking weights against it.
+///
+/// An OS error is the variant's `source()`, not part of its message: binaries print the
+/// chain with `{:#}`, which would otherwise show it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum IntegrityError {
-    #[error("cannot read manifest {path}: {source}")]
+    #[error("cannot read manifest {path}")]
     ManifestRead {
         path: String,
         source: std::io::Error,
@@ -60,7 +63,7 @@ pub enum IntegrityError {
         compatible: String,
         board: String,
     },
-    #[error("weights {path} are missing: {source}")]
+    #[error("weights {path} are missing")]
     WeightsMissing {
         path: String,
         source: std::io::Error,
@@ -77,7 +80,7 @@ pub enum IntegrityError {
         expected: String,
         actual: String,
     },
-    #[error("cannot read weights {path}: {source}")]
+    #[error("cannot read weights {path}")]
     WeightsRead {
         path: String,
         source: std::io::Error,

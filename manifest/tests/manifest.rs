@@ -91,6 +91,33 @@ fn absent_manifest_is_a_read_error() {
     ));
 }
 
+/// The message and its `source()` chain joined as anyhow's `{:#}` prints them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
+/// The OS error was in the message and in `source()`, so `{:#}` printed it twice.
+#[test]
+fn read_errors_print_the_os_error_once() {
+    // ENOENT as the OS words it: "No such file or directory (os error 2)".
+    let os = std::io::Error::from_raw_os_error(2).to_string();
+    for (fixture, path) in [
+        ("no-such-manifest.json", "no-such-manifest.json"),
+        ("missing-weights-manifest.json", "no-such-weights.bin"),
+    ] {
+        let printed = chain(&load_and_verify(fixture).expect_err("absent"));
+        assert_eq!(printed.matches(&os).count(), 1, "{printed}");
+        assert!(printed.contains(path), "{printed}");
+    }
+}
+
 #[test]
 fn raw_hash_covers_the_exact_bytes() {
     let path = fixture("good-manifest.json");

@@ -22,6 +22,8 @@ pub struct ApiError {
     pub param: Option<String>,
     pub code: Option<&'static str>,
     pub retry_after_secs: Option<u64>,
+    /// `WWW-Authenticate` on a 401 (RFC 6750 §3).
+    pub challenge: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -47,6 +49,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after_secs: None,
+            challenge: None,
         }
     }
 
@@ -69,7 +72,14 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).param(param)
     }
 
-    pub fn context_length_exceeded(limit: u32, prompt: usize, completion: u32) -> Self {
+    /// `param` names the input that holds the prompt: `messages` on chat, `prompt` on
+    /// completions.
+    pub fn context_length_exceeded(
+        param: &'static str,
+        limit: u32,
+        prompt: usize,
+        completion: u32,
+    ) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -80,8 +90,17 @@ impl ApiError {
                 prompt + completion as usize
             ),
         )
-        .param("messages")
+        .param(param)
         .code("context_length_exceeded")
+    }
+
+    /// The input cannot fit the context whatever it tokenizes to (too many messages or
+    /// bytes): refused before templating, with the same code as a counted overflow.
+    pub fn prompt_too_long(param: &'static str, message: impl Into<String>) -> Self {
+        let message = format!("`{param}` {}", message.into());
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+            .param(param)
+            .code("context_length_exceeded")
     }
 
     pub fn model_not_found(requested: &str) -> Self {
@@ -94,9 +113,36 @@ impl ApiError {
         .code("model_not_found")
     }
 
-    pub fn unauthorized(message: &str) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
-            .code("invalid_api_key")
+    /// No credentials: the challenge names the scheme and nothing else (RFC 6750 §3.1).
+    pub fn missing_api_key() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Missing API key: send it as `Authorization: Bearer KEY`.",
+        )
+        .code("invalid_api_key")
+        .challenge("Bearer")
+    }
+
+    /// Credentials that do not match; the message never echoes them.
+    pub fn wrong_api_key() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Incorrect API key provided.",
+        )
+        .code("invalid_api_key")
+        .challenge("Bearer error=\"invalid_token\"")
+    }
+
+    fn challenge(mut self, challenge: &'static str) -> Self {
+        self.challenge = Some(challenge);
+        self
+    }
+
+    /// A path segment the router could not decode (`/v1/models/%ff`: not UTF-8).
+    pub fn bad_path(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).code("invalid_path")
     }
 
     pub fn route_not_found(path: &str) -> Self {
@@ -229,6 +275,42 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        if let Some(challenge) = self.challenge {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_401_carries_a_bearer_challenge() {
+        for err in [ApiError::missing_api_key(), ApiError::wrong_api_key()] {
+            let resp = err.into_response();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+            let challenge = resp
+                .headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            assert!(challenge.starts_with("Bearer"), "{challenge:?}");
+        }
+        let other = ApiError::route_not_found("/nope").into_response();
+        assert!(!other.headers().contains_key(header::WWW_AUTHENTICATE));
+    }
+
+    #[test]
+    fn context_length_exceeded_names_the_input_it_was_given() {
+        let completion = ApiError::context_length_exceeded("prompt", 128, 120, 9);
+        assert_eq!(completion.param.as_deref(), Some("prompt"));
+        assert_eq!(completion.code, Some("context_length_exceeded"));
+        let chat = ApiError::context_length_exceeded("messages", 128, 120, 9);
+        assert_eq!(chat.param.as_deref(), Some("messages"));
     }
 }

@@ -1,6 +1,8 @@
 //! The two generation routes: read and validate the body, render and tokenize the prompt,
 //! check the context, submit, then answer as JSON or as an SSE stream.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -15,6 +17,7 @@ use super::error::ApiError;
 use super::sse::{self, Framer, Shape};
 use super::wire::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice};
 use super::AppState;
+use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, GenerationRequest};
 use crate::validate::{self, Input, ValidRequest};
 
@@ -89,8 +92,9 @@ async fn start(
             return Err(ApiError::model_not_found(m));
         }
     }
-    let (prompt_text, tokens) = tokenize(&engine, req.input.clone()).await?;
     let ctx = engine.config().ctx;
+    let (prompt_text, tokens) =
+        tokenize(&engine, req.input.clone(), req.parse_special, shape).await?;
     if tokens.is_empty() {
         return Err(ApiError::invalid("prompt", "tokenizes to nothing"));
     }
@@ -98,6 +102,7 @@ async fn start(
     let max_tokens = req.max_tokens.unwrap_or(room);
     if room == 0 || max_tokens > room {
         return Err(ApiError::context_length_exceeded(
+            shape.prompt_param(),
             ctx,
             tokens.len(),
             max_tokens.max(1),
@@ -140,30 +145,67 @@ async fn start(
         )
         .await
     } else {
-        tokio::select! {
-            biased;
-            _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
-            r = collect(events, shape, id, object, created, model_id, echo) => r,
-        }
+        let answer = async move {
+            tokio::select! {
+                biased;
+                _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
+                r = collect(events, shape, id, object, created, model_id, echo) => r,
+            }
+        };
+        // A client that closed its sending side may be half-closed or gone: the answer then
+        // probes the connection while it is generated (see `conn`).
+        super::conn::json_or_probe(answer).await
     }
 }
 
-/// Renders the chat template and tokenizes off the async runtime: a 1 MiB prompt takes a
-/// while and must not stall other connections.
-async fn tokenize(engine: &Engine, input: Input) -> Result<(String, Vec<i32>), ApiError> {
+/// Bounds the input by the context, then renders the chat template and tokenizes off the
+/// async runtime. The bounds come first so an oversized body is refused before any work
+/// that grows with it; if the client leaves meanwhile, the blocking work stops too.
+async fn tokenize(
+    engine: &Engine,
+    input: Input,
+    parse_special: bool,
+    shape: Shape,
+) -> Result<(String, Vec<i32>), ApiError> {
     let model = engine.model().clone();
+    let ctx = engine.config().ctx;
+    let bounds = model.prompt_bounds();
+    let limit = Limit::for_context(ctx);
+    let param = shape.prompt_param();
+    let too_long = move |e: PromptError| {
+        if e.is_too_long() {
+            ApiError::prompt_too_long(param, e.to_string())
+        } else {
+            ApiError::invalid(param, e.to_string())
+        }
+    };
+    match &input {
+        Input::Chat(turns) => bounds.check_chat(turns, ctx),
+        Input::Text(t) => bounds.check_bytes(t.len(), ctx),
+    }
+    .map_err(too_long)?;
+    // Dropped with this future when the client leaves: the blocking task sees the flag.
+    let gone = Arc::new(AtomicBool::new(false));
+    let _leave = SetOnDrop(gone.clone());
     tokio::task::spawn_blocking(move || {
-        let text = match input {
-            Input::Chat(turns) => model
-                .render_chat(&turns)
-                .map_err(|e| ApiError::invalid("messages", e.to_string()))?,
-            Input::Text(t) => t,
-        };
-        let tokens = model.tokenize(&text);
-        Ok((text, tokens))
+        let prompt = match input {
+            Input::Chat(turns) => model.chat_prompt(&turns, limit, &gone),
+            Input::Text(t) => model.text_prompt(&t, parse_special, limit, &gone),
+        }
+        .map_err(too_long)?;
+        Ok((prompt.text, prompt.tokens))
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+}
+
+/// Sets its flag when dropped: tells blocking work that the request it serves is gone.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Waits for a slot before sending headers, so queue errors (503) keep their status code.
@@ -173,14 +215,31 @@ async fn stream(
     framer: Framer,
     echo: Option<String>,
 ) -> Result<Response, ApiError> {
-    match events.recv().await {
-        Some(Event::Admitted { .. }) => {}
-        Some(Event::Failed(e)) => return Err(e.into()),
-        Some(_) | None => return Err(ApiError::internal("engine sent no admission")),
-    }
+    let peer = super::conn::Peer::current();
+    let read_closed = async {
+        match &peer {
+            Some(p) => p.read_closed().await,
+            None => std::future::pending().await,
+        }
+    };
+    // A client that closes its sending side while queued may be half-closed or gone: start
+    // the stream at once and probe it often, so one that left gives up its queue place
+    // (see `conn`). Queue errors then arrive as an error frame under the 200.
+    let keepalive = tokio::select! {
+        biased;
+        first = events.recv() => {
+            match first {
+                Some(Event::Admitted { .. }) => {}
+                Some(Event::Failed(e)) => return Err(e.into()),
+                Some(_) | None => return Err(ApiError::internal("engine sent no admission")),
+            }
+            sse::KEEPALIVE_EVERY
+        }
+        () = read_closed => super::conn::PROBE_EVERY,
+    };
     let opening = framer.opening(echo.as_deref());
     Ok(sse::response(sse::events_to_body(
-        framer, opening, events, cancel,
+        framer, opening, events, cancel, keepalive,
     )))
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP layer: routes, OpenAI wire types, errors and SSE framing. It knows hyper and
 //! status codes; it hands validated, tokenized work to the [`Engine`](crate::engine::Engine).
 
+mod conn;
 pub mod error;
 mod generate;
 mod routes;
@@ -12,14 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -80,31 +80,65 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::route_not_found(req.uri().path())
+/// Unknown paths: 404, except under `/v1` without the right key, which is 401 like the
+/// known routes there, so a client without the key learns nothing about which routes exist.
+async fn not_found(State(state): State<AppState>, req: Request) -> ApiError {
+    match v1_auth(&state, &req) {
+        Err(e) => e,
+        Ok(()) => ApiError::route_not_found(req.uri().path()),
+    }
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
+/// Like [`not_found`]: a wrong method on a `/v1` route is 401 before it is 405.
+async fn method_not_allowed(State(state): State<AppState>, req: Request) -> ApiError {
+    match v1_auth(&state, &req) {
+        Err(e) => e,
+        Ok(()) => ApiError::method_not_allowed(req.method().as_str(), req.uri().path()),
+    }
+}
+
+/// The API key check for requests no `/v1` route matched (the route layer sees only those
+/// that did).
+fn v1_auth(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    let path = req.uri().path();
+    if path == "/v1" || path.starts_with("/v1/") {
+        check_api_key(state, req.headers())
+    } else {
+        Ok(())
+    }
 }
 
 /// `Authorization: Bearer KEY` on /v1 routes when a key is configured.
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match check_api_key(&state, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn check_api_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = state.config.api_key.as_deref() else {
-        return next.run(req).await;
+        return Ok(());
     };
-    let given = req
-        .headers()
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_token);
     match given {
-        None => ApiError::unauthorized("Missing API key: send it as `Authorization: Bearer KEY`.")
-            .into_response(),
-        Some(k) if constant_time_eq(k.as_bytes(), expected.as_bytes()) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("Incorrect API key provided.").into_response(),
+        None => Err(ApiError::missing_api_key()),
+        Some(k) if constant_time_eq(k.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::wrong_api_key()),
     }
+}
+
+/// The token of a `Bearer` credential. The scheme is case-insensitive (RFC 9110 §11.1), so
+/// `bearer KEY` and `BEARER KEY` count too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }
 
 /// Compares secrets without an early exit, so timing does not leak the key's prefix.
@@ -128,15 +162,55 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
     resp
 }
 
-/// Accepts connections until `shutdown` resolves, then stops accepting and returns a handle
-/// that resolves once every open connection has finished.
+/// The connections still open when accepting stopped.
+pub struct Connections {
+    graceful: GracefulShutdown,
+    close: watch::Sender<Close>,
+}
+
+impl Connections {
+    /// Lets each connection finish its current request, then close. The future resolves once
+    /// every connection has closed, on its own or through [`Connections::closer`].
+    pub fn drain(self) -> (impl Future<Output = ()>, Closer) {
+        (self.graceful.shutdown(), Closer(self.close))
+    }
+}
+
+/// Closes connections that are still open, at once.
+pub struct Closer(watch::Sender<Close>);
+
+/// Which connections [`Closer`] has closed so far.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Close {
+    None,
+    /// Those without a pending answer: half a request, a body that never comes, idle.
+    Unanswered,
+    All,
+}
+
+impl Closer {
+    /// Closes the connections that hold no answer to finish.
+    pub fn close_unanswered(&self) {
+        self.0.send_replace(Close::Unanswered);
+    }
+
+    pub fn close_all(&self) {
+        self.0.send_replace(Close::All);
+    }
+}
+
+/// Accepts connections until `shutdown` resolves, then stops accepting and returns the open
+/// connections.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     read_timeout: Duration,
     shutdown: impl Future<Output = ()>,
-) -> GracefulShutdown {
+) -> Connections {
     let graceful = GracefulShutdown::new();
+    // A connection can hold nothing anyone waits for (half a request, a body that never
+    // comes): at the drain deadline it is dropped rather than waited for.
+    let (close, closed) = watch::channel(Close::None);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -150,15 +224,25 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let service = TowerToHyperService::new(app.clone());
+                let (io, service, peer_state) = conn::accept(stream, app.clone());
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(read_timeout)
-                    .serve_connection(TokioIo::new(stream), service);
+                    .serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
+                let mut closed = closed.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with error");
+                    tokio::select! {
+                        r = conn => if let Err(e) = r {
+                            tracing::debug!(%peer, error = %e, "connection ended with error");
+                        },
+                        _ = closed.wait_for(|c| match c {
+                            Close::None => false,
+                            Close::Unanswered => !peer_state.answer_pending(),
+                            Close::All => true,
+                        }) => {
+                            tracing::debug!(%peer, "connection closed at the drain deadline");
+                        }
                     }
                 });
             }
@@ -166,5 +250,20 @@ pub async fn serve(
         }
     }
     drop(listener);
-    graceful
+    Connections { graceful, close }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_matched_in_any_case() {
+        for header in ["Bearer k1", "bearer k1", "BEARER k1", "bEaReR   k1 "] {
+            assert_eq!(bearer_token(header), Some("k1"), "{header:?}");
+        }
+        for header in ["Basic k1", "Bearer", "Bearer ", "Bearerk1", "k1"] {
+            assert_eq!(bearer_token(header), None, "{header:?}");
+        }
+    }
 }

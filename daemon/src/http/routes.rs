@@ -1,5 +1,6 @@
 //! Small routes: models, health, readiness, metrics, status and thermal history.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -58,8 +59,10 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, Ap
 
 pub async fn model(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ModelCard>, ApiError> {
+    // axum's own rejection is plain text; every error here is the OpenAI shape.
+    let Path(id) = id.map_err(|e| ApiError::bad_path(e.body_text()))?;
     let card = card(&state)?;
     if card.id != id {
         return Err(ApiError::model_not_found(&id));

@@ -19,12 +19,22 @@ use crate::engine::{EngineError, Event, FinishReason, Timings, Usage};
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
 /// through a long queue wait or prefill.
-const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     Chat,
     Completion,
+}
+
+impl Shape {
+    /// The request field that holds the prompt, named by context errors.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Shape::Chat => "messages",
+            Shape::Completion => "prompt",
+        }
+    }
 }
 
 /// Per-stream constants and frame builders.
@@ -179,8 +189,9 @@ pub fn events_to_body(
     opening: Option<Bytes>,
     events: UnboundedReceiver<Event>,
     cancel: watch::Receiver<bool>,
+    keepalive: Duration,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    let rest = stream::unfold(Some((events, framer, cancel)), |state| async move {
+    let rest = stream::unfold(Some((events, framer, cancel)), move |state| async move {
         let (mut events, framer, mut cancel) = state?;
         let shutting_down = || {
             let e: ApiError = EngineError::ShuttingDown.into();
@@ -190,7 +201,7 @@ pub fn events_to_body(
             let next = tokio::select! {
                 biased;
                 _ = cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
-                next = tokio::time::timeout(KEEPALIVE_EVERY, events.recv()) => next,
+                next = tokio::time::timeout(keepalive, events.recv()) => next,
             };
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),

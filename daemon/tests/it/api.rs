@@ -41,6 +41,13 @@ async fn unknown_model_id_is_404_model_not_found() {
     );
 }
 
+/// `%ff%fe` decodes to bytes that are not UTF-8; axum's rejection answered in plain text.
+#[tokio::test]
+async fn undecodable_model_id_is_400_in_the_openai_shape() {
+    let resp = shared().get("/v1/models/%ff%fe").await;
+    assert_error(resp, 400, None, Some("invalid_path")).await;
+}
+
 #[tokio::test]
 async fn generation_for_another_model_is_404_model_not_found() {
     let mut body = crate::harness::chat_body("Hi", 4);
@@ -173,17 +180,73 @@ async fn models_with(auth: Option<&str>) -> reqwest::Response {
     req.send().await.expect("GET /v1/models")
 }
 
+/// RFC 6750 §3: a 401 names the scheme to use in `WWW-Authenticate` (none was sent before).
 #[tokio::test]
-async fn missing_api_key_is_401() {
+async fn missing_api_key_is_401_with_a_bearer_challenge() {
     let resp = models_with(None).await;
+    assert_eq!(header(&resp, "www-authenticate"), "Bearer");
     let err = assert_error(resp, 401, None, Some("invalid_api_key")).await;
     assert_eq!(err["type"], "invalid_request_error");
 }
 
 #[tokio::test]
-async fn wrong_api_key_is_401() {
+async fn wrong_api_key_is_401_with_a_bearer_challenge() {
     let resp = models_with(Some("Bearer secrets")).await;
+    let challenge = header(&resp, "www-authenticate");
+    assert!(challenge.starts_with("Bearer "), "{challenge:?}");
+    assert!(challenge.contains("invalid_token"), "{challenge:?}");
     assert_error(resp, 401, None, Some("invalid_api_key")).await;
+}
+
+/// The auth scheme is case-insensitive in HTTP; `bearer KEY` used to count as no key at all.
+#[tokio::test]
+async fn lowercase_bearer_scheme_is_served() {
+    for auth in ["bearer secret", "BEARER secret"] {
+        let resp = models_with(Some(auth)).await;
+        assert_eq!(resp.status(), 200, "{auth}");
+    }
+}
+
+/// Unknown `/v1` paths answered 404 without the key while real ones answered 401, which
+/// told a client without the key which routes exist.
+#[tokio::test]
+async fn unknown_v1_path_without_the_key_is_401_not_404() {
+    let d = started(&KEYED);
+    for path in ["/v1/nope", "/v1/models/x/y", "/v1", "/v1/"] {
+        let resp = d.get(path).await;
+        assert_eq!(header(&resp, "www-authenticate"), "Bearer", "{path}");
+        assert_error(resp, 401, None, Some("invalid_api_key")).await;
+        let wrong = http()
+            .get(d.url(path))
+            .header("authorization", "Bearer nope")
+            .send()
+            .await
+            .expect("GET");
+        assert_error(wrong, 401, None, Some("invalid_api_key")).await;
+        let keyed = http()
+            .get(d.url(path))
+            .header("authorization", "Bearer secret")
+            .send()
+            .await
+            .expect("GET");
+        assert_error(keyed, 404, None, Some("not_found")).await;
+    }
+    // A wrong method on a real route is 401 too, and 405 only with the key.
+    let delete = http()
+        .delete(d.url("/v1/models"))
+        .send()
+        .await
+        .expect("DELETE");
+    assert_error(delete, 401, None, Some("invalid_api_key")).await;
+    let delete = http()
+        .delete(d.url("/v1/models"))
+        .header("authorization", "Bearer secret")
+        .send()
+        .await
+        .expect("DELETE");
+    assert_error(delete, 405, None, Some("method_not_allowed")).await;
+    // Outside /v1 an unknown path stays a 404 with or without the key.
+    assert_error(d.get("/nope").await, 404, None, Some("not_found")).await;
 }
 
 #[tokio::test]

@@ -30,7 +30,7 @@ const POLL: Duration = Duration::from_millis(25);
 pub const COUNTING: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
 
 /// The model file under test; `Err` tells how to get it.
-fn find_model() -> Result<PathBuf, String> {
+pub fn find_model() -> Result<PathBuf, String> {
     let path = std::env::var_os("INFERLOOP_TEST_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -126,7 +126,8 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("cannot send SIGTERM to the daemon: {e}"));
     }
 
-    fn signal(&self, sig: libc::c_int) -> std::io::Result<()> {
+    /// Sends `sig` to the daemon; a daemon that already exited is not an error.
+    pub fn signal(&self, sig: libc::c_int) -> std::io::Result<()> {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
         // SAFETY: kill(2) has no memory-safety preconditions. The pid is our child and is
         // only reaped through `Child`, which we hold, so it cannot name another process.

@@ -96,6 +96,32 @@ async fn max_tokens_beyond_the_context_is_400_context_length_exceeded() {
     );
 }
 
+/// The completions route named `messages`, a field it does not have.
+#[tokio::test]
+async fn completion_beyond_the_context_names_prompt() {
+    let body = json!({"prompt": "Hello", "max_tokens": 1024});
+    let resp = shared().post("/v1/completions", &body).await;
+    assert_error(resp, 400, Some("prompt"), Some("context_length_exceeded")).await;
+}
+
+/// A repeated key was reported as "the body must be a JSON object".
+#[tokio::test]
+async fn duplicate_key_is_400_naming_the_key() {
+    let resp = http()
+        .post(shared().url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"max_tokens":4,"max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}"#)
+        .send()
+        .await
+        .expect("POST");
+    let err = assert_error(resp, 400, Some("max_tokens"), None).await;
+    let msg = err["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("more than once") && !msg.contains("JSON object"),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn prompt_longer_than_the_context_is_400_context_length_exceeded() {
     let long = "tell me more about the weather ".repeat(300);

@@ -1,5 +1,5 @@
-//! The process lifecycle: refusing bad start-up settings with the documented exit codes, and
-//! draining on SIGTERM.
+//! The process lifecycle: refusing bad start-up settings with the documented exit codes,
+//! draining on SIGTERM and SIGQUIT, and serving on through SIGHUP.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,22 @@ async fn public_bind_with_insecure_no_auth_is_served() {
     assert_eq!(v["status"], "ok");
 }
 
+/// `--memory-margin-mb 18446744073709551615` wrapped to a negative margin, and a blank
+/// `--api-key` passed the public-bind guard and then locked every client out.
+#[test]
+fn overflowing_sizes_and_a_blank_api_key_exit_2() {
+    let (status, log) =
+        Daemon::run_to_exit(&["--memory-margin-mb", "18446744073709551615"], EXIT_WAIT);
+    assert_eq!(status.code(), Some(2), "log:\n{log}");
+    assert!(log.contains("memory_margin_mb"), "names the flag:\n{log}");
+    let (status, log) = Daemon::run_to_exit(&["--host", "0.0.0.0", "--api-key", "  "], EXIT_WAIT);
+    assert_eq!(status.code(), Some(2), "log:\n{log}");
+    assert!(
+        log.contains("api_key") && log.contains("whitespace"),
+        "says why the key is refused:\n{log}"
+    );
+}
+
 #[test]
 fn missing_model_file_exits_4() {
     let path = "/nonexistent/inferloop-test/model.gguf";
@@ -78,6 +94,16 @@ where
 
 #[tokio::test]
 async fn sigterm_lets_the_inflight_stream_finish_then_exits_0() {
+    stop_signal_lets_the_inflight_stream_finish_then_exits_0(libc::SIGTERM).await;
+}
+
+/// SIGQUIT used to dump core at once, cutting every stream; it drains like SIGTERM now.
+#[tokio::test]
+async fn sigquit_drains_like_sigterm_and_exits_0() {
+    stop_signal_lets_the_inflight_stream_finish_then_exits_0(libc::SIGQUIT).await;
+}
+
+async fn stop_signal_lets_the_inflight_stream_finish_then_exits_0(sig: libc::c_int) {
     // A deadline far beyond the stream's length: only a shutdown that cuts in-flight work
     // fails this, not a slow machine.
     let mut d = Daemon::start(&["--slots", "1", "--ctx", "512", "--shutdown-timeout", "300"]);
@@ -89,12 +115,12 @@ async fn sigterm_lets_the_inflight_stream_finish_then_exits_0() {
     let mut raw = first_chunk(&mut body).await;
     let events_before = String::from_utf8_lossy(&raw).matches("data: ").count();
 
-    d.sigterm();
+    d.signal(sig).expect("send the stop signal");
     let refused_by = Instant::now() + Duration::from_secs(3);
     while tokio::net::TcpStream::connect(d.addr()).await.is_ok() {
         assert!(
             Instant::now() < refused_by,
-            "still accepting connections after SIGTERM"
+            "still accepting connections after signal {sig}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -105,8 +131,8 @@ async fn sigterm_lets_the_inflight_stream_finish_then_exits_0() {
     let chunks = parse_sse(&String::from_utf8(raw).expect("utf-8 stream"));
     assert!(
         events_before < chunks.len(),
-        "the stream must still be running when SIGTERM arrives ({events_before} of {} events \
-         before it)",
+        "the stream must still be running when signal {sig} arrives ({events_before} of {} \
+         events before it)",
         chunks.len() + 1
     );
     assert_eq!(stream_finish_reason(&chunks), "length");
@@ -115,6 +141,46 @@ async fn sigterm_lets_the_inflight_stream_finish_then_exits_0() {
 
     let status = d.wait_exit(Duration::from_secs(10));
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", d.log_tail());
+}
+
+/// SIGHUP used to kill the daemon at once (a clean exit to systemd, so no restart) and cut
+/// every stream. Now it is logged and the daemon keeps serving, the open stream included.
+#[tokio::test]
+async fn sighup_is_logged_and_serving_goes_on_stream_included() {
+    let mut d = Daemon::start(&["--slots", "2", "--ctx", "512"]);
+    let mut req = counting_body(150, true);
+    req["stream_options"] = json!({"include_usage": true});
+    let resp = d.post("/v1/completions", &req).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut raw = first_chunk(&mut body).await;
+
+    d.signal(libc::SIGHUP).expect("send SIGHUP");
+    let logged_by = Instant::now() + Duration::from_secs(5);
+    while !d.log().contains("SIGHUP: nothing to reload, still serving") {
+        assert!(
+            Instant::now() < logged_by,
+            "no SIGHUP line in the log:\n{}",
+            d.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.get_ok("/healthz").await["status"], "ok");
+    let answer = d.complete(&counting_body(3, false)).await;
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
+
+    while let Some(chunk) = body.next().await {
+        raw.extend_from_slice(&chunk.expect("stream interrupted by SIGHUP"));
+    }
+    let chunks = parse_sse(&String::from_utf8(raw).expect("utf-8 stream"));
+    assert_eq!(stream_finish_reason(&chunks), "length");
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], 150, "{usage}");
+    assert!(
+        d.wait_exit(Duration::from_millis(200)).is_none(),
+        "the daemon exited after SIGHUP:\n{}",
+        d.log_tail()
+    );
 }
 
 #[tokio::test]
@@ -198,4 +264,44 @@ fn systemd_hears_ready_then_watchdog_pings_then_stopping() {
         assert_eq!(msg, "WATCHDOG=1", "unexpected notification after {seen:?}");
         seen.push(msg);
     }
+}
+
+/// Regression: a connection holding half a request (headers cut short, or a body shorter
+/// than its `Content-Length`) kept the daemon up 2 s past `--shutdown-timeout`, waiting for
+/// a request that would never be complete.
+#[test]
+fn sigterm_with_half_sent_requests_exits_within_the_shutdown_timeout() {
+    use std::io::Write;
+    let mut d = Daemon::start(&["--slots", "1", "--ctx", "256", "--shutdown-timeout", "1"]);
+    let connect = || std::net::TcpStream::connect(d.addr()).expect("connect");
+    let mut half_head = connect();
+    half_head
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        .expect("half the headers");
+    let mut short_body = connect();
+    short_body
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000\r\n\r\n{\"prompt\":",
+        )
+        .expect("headers and 10 of 1000 body bytes");
+    // Let the daemon read both before the signal.
+    std::thread::sleep(Duration::from_millis(300));
+
+    let t0 = Instant::now();
+    d.sigterm();
+    let status = d.wait_exit(Duration::from_secs(10));
+    let took = t0.elapsed();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit {status:?} after {took:?}\n{}",
+        d.log_tail()
+    );
+    assert!(
+        took < Duration::from_millis(1700),
+        "exited {took:?} after SIGTERM with --shutdown-timeout 1\n{}",
+        d.log_tail()
+    );
+    drop((half_head, short_body));
 }

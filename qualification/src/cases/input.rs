@@ -527,13 +527,21 @@ pub fn register(r: &mut Registry) {
         G,
         "input.auth.missing_key",
         "A request without the API key is refused",
-        "401 invalid_api_key",
+        "401 invalid_api_key with `WWW-Authenticate: Bearer`, on known and unknown /v1 paths",
         |c, ev| {
             let (t, _, _fx) = keyed(c)?;
-            let resp = t.send_raw(Request::get("/v1/models"))?;
-            ev.text("response", &resp.describe());
-            expect_error(&resp, 401, None, Some("invalid_api_key"))?;
-            Ok("401".into())
+            for path in ["/v1/models", "/v1/embeddings"] {
+                let resp = t.send_raw(Request::get(path))?;
+                ev.text(path, &resp.describe());
+                expect_error(&resp, 401, None, Some("invalid_api_key"))?;
+                let challenge = resp.header("www-authenticate").unwrap_or_default();
+                ensure!(
+                    challenge.starts_with("Bearer"),
+                    format!("GET {path}: WWW-Authenticate names Bearer (RFC 6750)"),
+                    format!("{challenge:?}")
+                );
+            }
+            Ok("401 with a Bearer challenge".into())
         },
     )
     .fixture("strict");
@@ -564,12 +572,17 @@ pub fn register(r: &mut Registry) {
         G,
         "input.auth.right_key",
         "The right API key is served",
-        "200 on /v1/models and a chat answer",
+        "200 on /v1/models (also with a lowercase `bearer` scheme) and a chat answer",
         |c, ev| {
             let (t, key, _fx) = keyed(c)?;
             let auth = format!("Bearer {key}");
             let models = t.send_raw(Request::get("/v1/models").header("Authorization", &auth))?;
             json_200(&models, "GET /v1/models with the key")?;
+            // The auth scheme is case-insensitive (RFC 9110 §11.1).
+            let lower = t.send_raw(
+                Request::get("/v1/models").header("Authorization", &format!("bearer {key}")),
+            )?;
+            json_200(&lower, "GET /v1/models with `bearer KEY`")?;
             let chat = t.send_raw(
                 Request::post(CHAT)
                     .json(&chat_body("Hi", 2))

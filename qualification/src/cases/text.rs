@@ -186,7 +186,7 @@ pub fn register(r: &mut Registry) {
         G,
         "text.long.one_over_refused",
         "One token more than the context is refused",
-        "ctx 128: max_tokens 128 − P + 1 → 400 context_length_exceeded",
+        "ctx 128: max_tokens 128 − P + 1 → 400 context_length_exceeded naming prompt",
         |c, ev| {
             let (t, ctx, _fx) = small(c)?;
             let (prompt, p) = near_limit_prompt(&t)?;
@@ -195,12 +195,7 @@ pub fn register(r: &mut Registry) {
                 &json!({"prompt": prompt, "max_tokens": ctx - p + 1, "temperature": 0}),
             )?;
             ev.text("response", &resp.describe());
-            expect_error(
-                &resp,
-                400,
-                Some("messages"),
-                Some("context_length_exceeded"),
-            )?;
+            expect_error(&resp, 400, Some("prompt"), Some("context_length_exceeded"))?;
             Ok(format!("refused at {} tokens", ctx + 1))
         },
     )
