@@ -35,7 +35,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use futures::stream::{self, StreamExt};
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -176,9 +176,11 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Service {
 
     fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
         let state = self.state.clone();
-        if req.body().is_end_stream() {
-            state.awaiting_response.store(true, Ordering::Release);
-        }
+        // From the moment hyper hands a request over, an EOF may be a half-close: hyper may
+        // read it before the handler has taken the (already buffered) body, so waiting for
+        // the body's end to start holding the EOF back would race. A body cut short by a
+        // real close then ends in the handler's read timeout instead of at once.
+        state.awaiting_response.store(true, Ordering::Release);
         let req: Request = req.map(|inner| {
             Body::new(Received {
                 inner,
