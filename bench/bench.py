@@ -66,7 +66,7 @@ class Daemon:
         self._bound = threading.Event()
         if base_url is not None:
             self._bound.set()
-        # INFERLOOP_* variables override flags in the daemon: keep them out.
+        # INFERLOOP_* variables set what the flags leave unset: keep them out.
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
         env["NO_COLOR"] = "1"
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,28 +1,30 @@
 //! Boot gates, run before anything large is allocated: the weights against the manifest
 //! (exit 3), then the memory ledger against the limits (exit 1).
 
-use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use inferloop_manifest::{verify_weights, IntegrityError, Manifest, VerifyCache};
+use inferloop_manifest::{verify_weights, IntegrityError, VerifyCache};
 
 use crate::config::ServeConfig;
+use crate::engine::EnginePlan;
 use crate::exit::ExitCode;
 use crate::ledger::{read_limits, read_shape, Decision, GgufError, Plan};
 
-/// llama.cpp's widest micro-batch: `engine::worker` caps the context's `n_ubatch` at this and
-/// the ledger sizes the compute term with it (the prefill chunk plus the decode rows of the
-/// slots always reach it).
-pub const N_UBATCH: u64 = 512;
-
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
+    /// `Arc`: shared with the config, which keeps a manifest load error for this gate.
     #[error(transparent)]
-    Integrity(#[from] IntegrityError),
+    Integrity(Arc<IntegrityError>),
     #[error("memory admission rejected: {}", .0.accounting())]
     Memory(Box<Decision>),
     #[error("cannot size the model: {0}")]
     Model(#[from] GgufError),
+}
+
+impl From<IntegrityError> for BootError {
+    fn from(e: IntegrityError) -> Self {
+        Self::Integrity(Arc::new(e))
+    }
 }
 
 impl BootError {
@@ -38,6 +40,9 @@ impl BootError {
 /// What the gates established.
 #[derive(Debug, Clone)]
 pub struct Passed {
+    /// The engine's shape, derived once: the ledger sized it, the backend allocates it,
+    /// `/v1/status` and `/metrics` report it.
+    pub plan: EnginePlan,
     pub decision: Decision,
     /// The weights' SHA-256 when a manifest pinned it.
     pub pinned_sha256: Option<String>,
@@ -47,39 +52,46 @@ pub struct Passed {
     pub observed_sha256: OnceLock<String>,
 }
 
-/// Verifies the weights when a manifest is configured.
-pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>, IntegrityError> {
-    let Some(manifest_path) = config.manifest.as_deref() else {
-        return Ok(None);
+/// Verifies the weights when a manifest is configured, against the manifest that
+/// [`ServeConfig::resolve`] loaded (a load error then surfaces here, exit 3).
+pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>, BootError> {
+    let loaded = match &config.loaded_manifest {
+        None => return Ok(None),
+        Some(Ok(loaded)) => loaded,
+        Some(Err(e)) => return Err(BootError::Integrity(Arc::clone(e))),
     };
-    let loaded = Manifest::load(manifest_path)?;
-    loaded.manifest.check_for_serve(manifest_path)?;
+    loaded.manifest.check_for_serve(&loaded.path)?;
     let cache = config.state_dir.as_deref().map(VerifyCache::in_dir);
     verify_weights(&config.model, &loaded.manifest.model, cache.as_ref())?;
-    Ok(Some((loaded.manifest.model.sha256, loaded.raw_sha256)))
+    Ok(Some((
+        loaded.manifest.model.sha256.clone(),
+        loaded.raw_sha256.clone(),
+    )))
 }
 
-/// Computes the ledger from the GGUF header and decides against the limits under `root`.
-pub fn check_memory(config: &ServeConfig, root: &Path) -> Result<Decision, GgufError> {
+/// Computes the ledger from the GGUF header and decides against the limits read under the
+/// configured `/proc` and `/sys` roots (`--proc-root`, `--sysfs-root`).
+pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decision, GgufError> {
     let shape = read_shape(&config.model)?;
     let plan = Plan {
-        slots: config.slots as u64,
-        ctx: u64::from(config.ctx),
-        kv_cells: u64::from(config.kv_cells),
-        n_ubatch: N_UBATCH,
+        slots: engine.slots as u64,
+        ctx: u64::from(engine.ctx),
+        kv_cells: u64::from(engine.kv_cells),
+        n_ubatch: u64::from(engine.n_ubatch),
         margin_bytes: config.memory_margin,
     };
     Ok(Decision::new(
         shape,
         plan,
-        read_limits(root, config.memory_budget),
+        read_limits(&config.thermal.roots, config.memory_budget),
     ))
 }
 
 /// Both gates, in order. Logs the accounting at INFO when it fits.
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     let pinned = check_integrity(config)?;
-    let decision = check_memory(config, Path::new("/"))?;
+    let plan = EnginePlan::from_config(config);
+    let decision = check_memory(config, &plan)?;
     if !decision.fits {
         return Err(BootError::Memory(Box::new(decision)));
     }
@@ -91,9 +103,61 @@ pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
         .map(OnceLock::from)
         .unwrap_or_default();
     Ok(Passed {
+        plan,
         decision,
         pinned_sha256,
         manifest_sha256,
         observed_sha256,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServeLayer;
+
+    fn config_with_manifest(text: &str) -> (tempfile::TempDir, ServeConfig) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let manifest = dir.path().join("manifest.json");
+        std::fs::write(&manifest, text).expect("write manifest");
+        let flags = ServeLayer {
+            manifest: Some(manifest),
+            ..ServeLayer::default()
+        };
+        let config =
+            ServeConfig::resolve(None, flags, ServeLayer::default()).expect("resolves anyway");
+        (dir, config)
+    }
+
+    #[test]
+    fn broken_manifest_read_at_resolve_fails_the_gate_with_exit_3() {
+        let (dir, config) = config_with_manifest(
+            r#"{"schema":1,"model":{"path":"m.gguf","sha256":"00","size":1},"extra":true}"#,
+        );
+        let err = check_integrity(&config).expect_err("broken manifest");
+        assert_eq!(err.exit_code(), ExitCode::Integrity);
+        let printed = format!("{:#}", anyhow::Error::from(err));
+        let path = dir.path().join("manifest.json");
+        assert!(
+            printed.starts_with(&format!("manifest {} is invalid: ", path.display()))
+                && printed.contains("unknown field `extra`"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn missing_manifest_fails_the_gate_naming_the_os_error_once() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let flags = ServeLayer {
+            manifest: Some(dir.path().join("absent.json")),
+            ..ServeLayer::default()
+        };
+        let config = ServeConfig::resolve(None, flags, ServeLayer::default()).expect("resolves");
+        let err = check_integrity(&config).expect_err("no manifest file");
+        assert_eq!(err.exit_code(), ExitCode::Integrity);
+        let printed = format!("{:#}", anyhow::Error::from(err));
+        let os = std::io::Error::from_raw_os_error(2).to_string();
+        assert!(printed.starts_with("cannot read manifest "), "{printed}");
+        assert_eq!(printed.matches(&os).count(), 1, "{printed}");
+    }
 }

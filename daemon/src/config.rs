@@ -1,13 +1,22 @@
-//! Serve settings from three layers: the TOML file, command-line flags, then `INFERLOOP_*`
-//! environment variables, each overriding the one before; then checked as a whole.
+//! Serve settings from three layers, checked as a whole once merged. A command-line flag
+//! beats an `INFERLOOP_*` environment variable, which beats the TOML file, which beats the
+//! default: a flag typed by hand to override a unit file's `Environment=` must win.
+//!
+//! The layers are read in `config/env.rs`; the tests are in `config/tests.rs`.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use inferloop_board::Roots;
+use inferloop_manifest::{IntegrityError, Loaded, Manifest};
 use inferloop_thermal::AdmissionConfig;
 use serde::Deserialize;
+
+mod env;
+#[cfg(test)]
+mod tests;
 
 /// Where an InferLoop image bakes its manifest; used when `--manifest` is not given.
 pub const DEFAULT_MANIFEST: &str = "/etc/inferloop/manifest.json";
@@ -113,10 +122,12 @@ pub struct ServeLayer {
     /// detection picks and why).
     #[arg(long)]
     pub board: Option<String>,
-    /// Root of sysfs for board detection and the thermal watch (tests point it at fixtures).
+    /// Root of sysfs for board detection, the thermal watch and the cgroup memory limits
+    /// (tests point it at fixtures).
     #[arg(long)]
     pub sysfs_root: Option<PathBuf>,
-    /// Root of procfs for board detection (the device tree, meminfo).
+    /// Root of procfs for board detection and the memory ledger (the device tree, meminfo,
+    /// the own cgroup and mountinfo).
     #[arg(long)]
     pub proc_root: Option<PathBuf>,
     /// How often the thermal watch samples the sensors, in milliseconds.
@@ -138,107 +149,6 @@ pub struct ServeLayer {
     pub hot_fraction: Option<f64>,
 }
 
-impl ServeLayer {
-    /// Overlays `other` on `self`: fields set in `other` win.
-    fn overlay(self, other: ServeLayer) -> ServeLayer {
-        ServeLayer {
-            model: other.model.or(self.model),
-            model_id: other.model_id.or(self.model_id),
-            host: other.host.or(self.host),
-            port: other.port.or(self.port),
-            slots: other.slots.or(self.slots),
-            queue: other.queue.or(self.queue),
-            ctx: other.ctx.or(self.ctx),
-            threads: other.threads.or(self.threads),
-            api_key: other.api_key.or(self.api_key),
-            insecure_no_auth: other.insecure_no_auth.or(self.insecure_no_auth),
-            queue_timeout_ms: other.queue_timeout_ms.or(self.queue_timeout_ms),
-            shutdown_timeout_secs: other.shutdown_timeout_secs.or(self.shutdown_timeout_secs),
-            max_body_bytes: other.max_body_bytes.or(self.max_body_bytes),
-            read_timeout_secs: other.read_timeout_secs.or(self.read_timeout_secs),
-            manifest: other.manifest.or(self.manifest),
-            state_dir: other.state_dir.or(self.state_dir),
-            memory_budget_mb: other.memory_budget_mb.or(self.memory_budget_mb),
-            memory_margin_mb: other.memory_margin_mb.or(self.memory_margin_mb),
-            kv_cells: other.kv_cells.or(self.kv_cells),
-            board: other.board.or(self.board),
-            sysfs_root: other.sysfs_root.or(self.sysfs_root),
-            proc_root: other.proc_root.or(self.proc_root),
-            thermal_interval_ms: other.thermal_interval_ms.or(self.thermal_interval_ms),
-            hot_celsius: other.hot_celsius.or(self.hot_celsius),
-            critical_celsius: other.critical_celsius.or(self.critical_celsius),
-            hysteresis_celsius: other.hysteresis_celsius.or(self.hysteresis_celsius),
-            hot_fraction: other.hot_fraction.or(self.hot_fraction),
-        }
-    }
-
-    /// Reads `INFERLOOP_*` variables through `get` (injectable for tests).
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<ServeLayer, ConfigError> {
-        fn parse<T: std::str::FromStr>(
-            get: &impl Fn(&str) -> Option<String>,
-            var: &'static str,
-        ) -> Result<Option<T>, ConfigError>
-        where
-            T::Err: std::fmt::Display,
-        {
-            match get(var) {
-                None => Ok(None),
-                Some(value) => {
-                    value
-                        .trim()
-                        .parse()
-                        .map(Some)
-                        .map_err(|e: T::Err| ConfigError::Env {
-                            var,
-                            message: e.to_string(),
-                            value,
-                        })
-                }
-            }
-        }
-        Ok(ServeLayer {
-            model: get("INFERLOOP_MODEL").map(PathBuf::from),
-            model_id: get("INFERLOOP_MODEL_ID"),
-            host: parse(&get, "INFERLOOP_HOST")?,
-            port: parse(&get, "INFERLOOP_PORT")?,
-            slots: parse(&get, "INFERLOOP_SLOTS")?,
-            queue: parse(&get, "INFERLOOP_QUEUE")?,
-            ctx: parse(&get, "INFERLOOP_CTX")?,
-            threads: parse(&get, "INFERLOOP_THREADS")?,
-            api_key: get("INFERLOOP_API_KEY"),
-            insecure_no_auth: parse(&get, "INFERLOOP_INSECURE_NO_AUTH")?,
-            queue_timeout_ms: parse(&get, "INFERLOOP_QUEUE_TIMEOUT_MS")?,
-            shutdown_timeout_secs: parse(&get, "INFERLOOP_SHUTDOWN_TIMEOUT")?,
-            max_body_bytes: parse(&get, "INFERLOOP_MAX_BODY_BYTES")?,
-            read_timeout_secs: parse(&get, "INFERLOOP_READ_TIMEOUT_SECS")?,
-            manifest: get("INFERLOOP_MANIFEST").map(PathBuf::from),
-            state_dir: get("INFERLOOP_STATE_DIR").map(PathBuf::from),
-            memory_budget_mb: parse(&get, "INFERLOOP_MEMORY_BUDGET_MB")?,
-            memory_margin_mb: parse(&get, "INFERLOOP_MEMORY_MARGIN_MB")?,
-            kv_cells: parse(&get, "INFERLOOP_KV_CELLS")?,
-            board: get("INFERLOOP_BOARD"),
-            sysfs_root: get("INFERLOOP_SYSFS_ROOT").map(PathBuf::from),
-            proc_root: get("INFERLOOP_PROC_ROOT").map(PathBuf::from),
-            thermal_interval_ms: parse(&get, "INFERLOOP_THERMAL_INTERVAL_MS")?,
-            hot_celsius: parse(&get, "INFERLOOP_HOT_CELSIUS")?,
-            critical_celsius: parse(&get, "INFERLOOP_CRITICAL_CELSIUS")?,
-            hysteresis_celsius: parse(&get, "INFERLOOP_HYSTERESIS_CELSIUS")?,
-            hot_fraction: parse(&get, "INFERLOOP_HOT_FRACTION")?,
-        })
-    }
-
-    pub fn from_file(path: &Path) -> Result<ServeLayer, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.message().to_string(),
-        })
-    }
-}
-
 /// Final, checked settings.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -246,6 +156,10 @@ pub struct ServeConfig {
     pub model: PathBuf,
     pub model_id: String,
     pub manifest: Option<PathBuf>,
+    /// The manifest at `manifest`, read once here: it names the weights without `--model`,
+    /// and the boot gate checks them against it. A load error is kept, not raised, so that it
+    /// surfaces at the gate with exit 3 (`Arc`: the error holds an `io::Error`, not `Clone`).
+    pub loaded_manifest: Option<Result<Loaded, Arc<IntegrityError>>>,
     pub state_dir: Option<PathBuf>,
     pub memory_budget: Option<u64>,
     pub memory_margin: Option<u64>,
@@ -271,7 +185,7 @@ pub struct ServeConfig {
 pub struct ThermalSettings {
     /// `--board`: skips detection.
     pub board: Option<String>,
-    /// Where `/proc` and `/sys` are.
+    /// Where `/proc` and `/sys` are: for detection, the thermal watch and the memory ledger.
     pub roots: Roots,
     pub interval: Duration,
     pub hot_c: Option<f64>,
@@ -372,13 +286,14 @@ impl ThermalSettings {
 }
 
 impl ServeConfig {
-    /// Merges file < flags < env and validates the result.
+    /// Merges the layers (a flag beats the environment, which beats the file) and validates
+    /// the result.
     pub fn resolve(
         file: Option<ServeLayer>,
         flags: ServeLayer,
         env: ServeLayer,
     ) -> Result<Self, ConfigError> {
-        let merged = file.unwrap_or_default().overlay(flags).overlay(env);
+        let merged = file.unwrap_or_default().overlay(env).overlay(flags);
         Self::validate(merged)
     }
 
@@ -393,10 +308,15 @@ impl ServeConfig {
             let baked = Path::new(DEFAULT_MANIFEST);
             baked.is_file().then(|| baked.to_path_buf())
         });
-        let model = match (l.model, &manifest) {
-            (Some(m), _) => m,
-            (None, Some(manifest)) => pinned_model_path(manifest),
-            (None, None) => PathBuf::from(DEFAULT_MODEL),
+        let loaded_manifest = manifest
+            .as_deref()
+            .map(|path| Manifest::load(path).map_err(Arc::new));
+        let model = match (l.model, &manifest, &loaded_manifest) {
+            (Some(m), _, _) => m,
+            // Only the path is used here; the integrity checks (exit 3) run at boot.
+            (None, Some(path), Some(Ok(loaded))) => loaded.manifest.model_path(path),
+            // The boot gate reports a broken manifest with its own exit code.
+            _ => PathBuf::from(DEFAULT_MODEL),
         };
         let model_id = match l.model_id {
             Some(id) if id.trim().is_empty() => {
@@ -467,6 +387,7 @@ impl ServeConfig {
             model,
             model_id,
             manifest,
+            loaded_manifest,
             state_dir: l.state_dir,
             memory_budget,
             memory_margin,
@@ -544,365 +465,4 @@ fn check_api_key(key: Option<String>) -> Result<Option<String>, ConfigError> {
              authenticate with it"
         ),
     })
-}
-
-/// The weights path a manifest pins, for when no `--model` is given. Only the path is read
-/// here; the integrity checks (exit 3) run at boot.
-fn pinned_model_path(manifest: &Path) -> PathBuf {
-    match inferloop_manifest::Manifest::load(manifest) {
-        Ok(loaded) => loaded.manifest.model_path(manifest),
-        // The boot gate reports a broken manifest with its own exit code.
-        Err(_) => PathBuf::from(DEFAULT_MODEL),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn env(pairs: &[(&str, &str)]) -> ServeLayer {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        ServeLayer::from_env(|k| map.get(k).cloned()).expect("valid env")
-    }
-
-    #[test]
-    fn flags_override_file_and_env_overrides_both() {
-        let file: ServeLayer = toml::from_str("port = 1000\nslots = 2\nctx = 512\n").expect("toml");
-        let flags = ServeLayer {
-            port: Some(2000),
-            slots: Some(3),
-            ..ServeLayer::default()
-        };
-        let cfg = ServeConfig::resolve(Some(file), flags, env(&[("INFERLOOP_PORT", "3000")]))
-            .expect("valid");
-        assert_eq!(cfg.port, 3000);
-        assert_eq!(cfg.slots, 3);
-        assert_eq!(cfg.ctx, 512);
-    }
-
-    #[test]
-    fn unreadable_file_prints_the_os_error_once() {
-        let err = ServeLayer::from_file(Path::new("/nonexistent/inferloop.toml"))
-            .expect_err("no such file");
-        let printed = format!("{:#}", anyhow::Error::from(err));
-        let os = std::io::Error::from_raw_os_error(2).to_string();
-        assert_eq!(printed.matches(&os).count(), 1, "{printed}");
-        assert!(printed.contains("/nonexistent/inferloop.toml"), "{printed}");
-    }
-
-    #[test]
-    fn unknown_key_in_file_is_rejected() {
-        let err = toml::from_str::<ServeLayer>("prot = 1").expect_err("unknown key");
-        assert!(err.to_string().contains("prot"), "{err}");
-    }
-
-    #[test]
-    fn model_id_defaults_to_file_stem() {
-        let cfg = ServeConfig::resolve(None, ServeLayer::default(), ServeLayer::default())
-            .expect("defaults are valid");
-        assert_eq!(cfg.model_id, "SmolLM2-135M-Instruct.Q4_1");
-        assert_eq!(cfg.host, IpAddr::V4(Ipv4Addr::LOCALHOST));
-        assert_eq!(cfg.max_body_bytes, 1 << 20);
-    }
-
-    #[test]
-    fn public_bind_without_key_is_refused() {
-        let flags = ServeLayer {
-            host: Some("0.0.0.0".parse().expect("ip")),
-            ..ServeLayer::default()
-        };
-        let err = ServeConfig::resolve(None, flags.clone(), ServeLayer::default())
-            .expect_err("must refuse");
-        assert!(matches!(err, ConfigError::UnauthenticatedBind { .. }));
-        let insecure = ServeLayer {
-            insecure_no_auth: Some(true),
-            ..flags.clone()
-        };
-        assert!(ServeConfig::resolve(None, insecure, ServeLayer::default()).is_ok());
-        let keyed = ServeLayer {
-            api_key: Some("k".into()),
-            ..flags
-        };
-        assert!(ServeConfig::resolve(None, keyed, ServeLayer::default()).is_ok());
-    }
-
-    #[test]
-    fn bad_env_value_names_the_variable() {
-        let err = ServeLayer::from_env(|k| (k == "INFERLOOP_SLOTS").then(|| "many".to_string()))
-            .expect_err("not a number");
-        assert!(err.to_string().contains("INFERLOOP_SLOTS"), "{err}");
-    }
-
-    #[test]
-    fn thermal_keys_layer_like_the_others() {
-        let file: ServeLayer = toml::from_str(
-            "board = \"jetson-orin-nx-16gb\"\nsysfs_root = \"/fixture/sys\"\n\
-             hot_celsius = 70.0\ncritical_celsius = 90.0\nthermal_interval_ms = 500\n",
-        )
-        .expect("toml");
-        let flags = ServeLayer {
-            hot_celsius: Some(75.0),
-            hot_fraction: Some(0.25),
-            ..ServeLayer::default()
-        };
-        let cfg = ServeConfig::resolve(
-            Some(file),
-            flags,
-            env(&[
-                ("INFERLOOP_CRITICAL_CELSIUS", "95"),
-                ("INFERLOOP_PROC_ROOT", "/fixture/proc"),
-                ("INFERLOOP_HYSTERESIS_CELSIUS", "2.5"),
-            ]),
-        )
-        .expect("valid");
-        let t = &cfg.thermal;
-        assert_eq!(t.board.as_deref(), Some("jetson-orin-nx-16gb"));
-        assert_eq!(t.roots.sys_root, PathBuf::from("/fixture/sys"));
-        assert_eq!(t.roots.proc_root, PathBuf::from("/fixture/proc"));
-        assert_eq!((t.hot_c, t.critical_c), (Some(75.0), Some(95.0)));
-        assert_eq!(t.hysteresis_c, Some(2.5));
-        assert_eq!(t.hot_fraction, 0.25);
-        assert_eq!(t.interval, Duration::from_millis(500));
-    }
-
-    #[test]
-    fn thermal_defaults_read_the_real_roots_every_second() {
-        let cfg = ServeConfig::resolve(None, ServeLayer::default(), ServeLayer::default())
-            .expect("defaults are valid");
-        assert_eq!(cfg.thermal, ThermalSettings::default());
-        assert_eq!(cfg.thermal.roots, Roots::default());
-        assert_eq!(cfg.thermal.interval, Duration::from_secs(1));
-        assert_eq!(cfg.thermal.hot_fraction, 0.5);
-        assert_eq!((cfg.thermal.hot_c, cfg.thermal.critical_c), (None, None));
-    }
-
-    #[test]
-    fn out_of_range_thermal_values_name_the_field() {
-        let cases: [(ServeLayer, &str); 8] = [
-            (
-                ServeLayer {
-                    hot_celsius: Some(200.0),
-                    ..ServeLayer::default()
-                },
-                "`hot_celsius`",
-            ),
-            (
-                ServeLayer {
-                    critical_celsius: Some(f64::NAN),
-                    ..ServeLayer::default()
-                },
-                "`critical_celsius`",
-            ),
-            (
-                ServeLayer {
-                    hot_celsius: Some(90.0),
-                    critical_celsius: Some(80.0),
-                    ..ServeLayer::default()
-                },
-                "`critical_celsius`",
-            ),
-            (
-                ServeLayer {
-                    hysteresis_celsius: Some(-1.0),
-                    ..ServeLayer::default()
-                },
-                "`hysteresis_celsius`",
-            ),
-            (
-                ServeLayer {
-                    hot_fraction: Some(0.0),
-                    ..ServeLayer::default()
-                },
-                "`hot_fraction`",
-            ),
-            (
-                ServeLayer {
-                    hot_fraction: Some(1.5),
-                    ..ServeLayer::default()
-                },
-                "`hot_fraction`",
-            ),
-            (
-                ServeLayer {
-                    thermal_interval_ms: Some(0),
-                    ..ServeLayer::default()
-                },
-                "`thermal_interval_ms`",
-            ),
-            (
-                ServeLayer {
-                    board: Some(" ".into()),
-                    ..ServeLayer::default()
-                },
-                "`board`",
-            ),
-        ];
-        for (flags, field) in cases {
-            let err =
-                ServeConfig::resolve(None, flags, ServeLayer::default()).expect_err("out of range");
-            assert!(
-                matches!(err, ConfigError::Invalid { .. }) && err.to_string().contains(field),
-                "{field}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn bad_thermal_env_value_names_the_variable() {
-        let err =
-            ServeLayer::from_env(|k| (k == "INFERLOOP_HOT_CELSIUS").then(|| "warm".to_string()))
-                .expect_err("not a number");
-        assert!(err.to_string().contains("INFERLOOP_HOT_CELSIUS"), "{err}");
-    }
-
-    fn refusal(flags: ServeLayer, env_pairs: &[(&str, &str)]) -> String {
-        match ServeConfig::resolve(None, flags, env(env_pairs)) {
-            Err(e @ ConfigError::Invalid { .. }) => e.to_string(),
-            other => panic!("expected an invalid setting, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn memory_sizes_that_overflow_bytes_are_refused_not_wrapped() {
-        let margin = refusal(
-            ServeLayer {
-                memory_margin_mb: Some(u64::MAX),
-                ..ServeLayer::default()
-            },
-            &[],
-        );
-        assert!(
-            margin.contains("`memory_margin_mb`") && margin.contains("18446744073709551615"),
-            "{margin}"
-        );
-        // 2^44 MiB shifted to bytes is 2^64, which wrapped to a 0-byte limit.
-        let budget = refusal(
-            ServeLayer::default(),
-            &[("INFERLOOP_MEMORY_BUDGET_MB", "17592186044416")],
-        );
-        assert!(budget.contains("`memory_budget_mb`"), "{budget}");
-        let largest = ServeConfig::resolve(
-            None,
-            ServeLayer {
-                memory_budget_mb: Some(MAX_MIB),
-                memory_margin_mb: Some(MAX_MIB),
-                ..ServeLayer::default()
-            },
-            ServeLayer::default(),
-        )
-        .expect("the largest size is valid");
-        assert_eq!(largest.memory_budget, Some(MAX_MIB << 20));
-        assert!(largest.memory_margin.is_some_and(|b| b <= i64::MAX as u64));
-    }
-
-    #[test]
-    fn timeouts_past_a_year_are_refused_before_a_deadline_overflows() {
-        for (flags, field) in [
-            (
-                ServeLayer {
-                    queue_timeout_ms: Some(u64::MAX),
-                    ..ServeLayer::default()
-                },
-                "`queue_timeout_ms`",
-            ),
-            (
-                ServeLayer {
-                    read_timeout_secs: Some(u64::MAX),
-                    ..ServeLayer::default()
-                },
-                "`read_timeout_secs`",
-            ),
-            (
-                ServeLayer {
-                    shutdown_timeout_secs: Some(MAX_WAIT.as_secs() + 1),
-                    ..ServeLayer::default()
-                },
-                "`shutdown_timeout`",
-            ),
-        ] {
-            let err = refusal(flags, &[]);
-            assert!(err.contains(field), "{field}: {err}");
-        }
-        let year = ServeConfig::resolve(
-            None,
-            ServeLayer {
-                read_timeout_secs: Some(MAX_WAIT.as_secs()),
-                ..ServeLayer::default()
-            },
-            ServeLayer::default(),
-        )
-        .expect("a year is the limit, not over it");
-        assert_eq!(year.read_timeout, MAX_WAIT);
-    }
-
-    #[test]
-    fn api_key_no_client_can_send_is_refused_from_every_layer() {
-        let public = ServeLayer {
-            host: Some("0.0.0.0".parse().expect("ip")),
-            ..ServeLayer::default()
-        };
-        let flag = refusal(
-            ServeLayer {
-                api_key: Some("   ".into()),
-                ..public.clone()
-            },
-            &[],
-        );
-        assert!(
-            flag.contains("`api_key`") && flag.contains("whitespace"),
-            "{flag}"
-        );
-        let from_env = refusal(public.clone(), &[("INFERLOOP_API_KEY", "\t \n")]);
-        assert!(from_env.contains("INFERLOOP_API_KEY"), "{from_env}");
-        let file: ServeLayer = toml::from_str("api_key = \" \"\n").expect("toml");
-        let err = ServeConfig::resolve(Some(file), public.clone(), ServeLayer::default())
-            .expect_err("blank key in the file");
-        assert!(
-            matches!(
-                err,
-                ConfigError::Invalid {
-                    field: "api_key",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        for unsendable in [" secret", "secret\n", "sécret", "sec\u{7}ret"] {
-            let err = refusal(
-                ServeLayer {
-                    api_key: Some(unsendable.into()),
-                    ..public.clone()
-                },
-                &[],
-            );
-            assert!(
-                !err.contains("ecret"),
-                "the message must not quote the key: {err}"
-            );
-        }
-        let cfg = ServeConfig::resolve(
-            None,
-            ServeLayer {
-                api_key: Some("sk-a b~c".into()),
-                ..public
-            },
-            ServeLayer::default(),
-        )
-        .expect("a sendable key");
-        assert_eq!(cfg.api_key.as_deref(), Some("sk-a b~c"));
-    }
-
-    #[test]
-    fn out_of_range_values_name_the_field() {
-        let flags = ServeLayer {
-            slots: Some(0),
-            ..ServeLayer::default()
-        };
-        let err = ServeConfig::resolve(None, flags, ServeLayer::default()).expect_err("0 slots");
-        assert!(err.to_string().contains("`slots`"), "{err}");
-    }
 }

@@ -83,7 +83,8 @@ struct CheckArgs {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// TOML file with the same keys as the flags (snake_case); flags override it.
+    /// TOML file with the same keys as the flags (snake_case). A flag beats its
+    /// INFERLOOP_* variable, which beats the file.
     #[arg(long)]
     config: Option<PathBuf>,
     #[command(flatten)]
@@ -191,7 +192,10 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let decision = match inferloopd::boot::check_memory(&config, std::path::Path::new("/")) {
+    let decision = match inferloopd::boot::check_memory(
+        &config,
+        &inferloopd::engine::EnginePlan::from_config(&config),
+    ) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!("{e}");

@@ -11,15 +11,13 @@ use tokio::sync::watch;
 
 use crate::boot::Passed;
 use crate::config::ServeConfig;
-use crate::engine::{Engine, EngineConfig, EngineError, LoadedModel};
+use crate::engine::{Engine, EngineError, EnginePlan, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::thermal::{ThermalGate, ThermalWatch, WatchError};
 
-/// Prompt tokens evaluated per decode step alongside running streams.
-const PREFILL_CHUNK: usize = 512;
 /// How long exit waits for the decode thread to finish its current step and free the
 /// llama.cpp context.
 const DECODE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,8 +70,9 @@ pub async fn run(
 
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
+    let plan = boot.plan;
     let boot = Arc::new(boot);
-    register_memory_metrics(&metrics, boot.clone());
+    register_boot_metrics(&metrics, boot.clone());
     thermal.register_metrics(&metrics);
     if boot.pinned_sha256.is_none() {
         hash_unpinned_weights(&config, boot.clone());
@@ -107,7 +106,7 @@ pub async fn run(
         let config = config.clone();
         let metrics = metrics.clone();
         let gate = thermal.gate();
-        move || load_engine(&config, metrics, gate)
+        move || load_engine(&config, plan, metrics, gate)
     });
     let engine = tokio::select! {
         loaded = loader => match loaded {
@@ -199,6 +198,7 @@ pub async fn run(
 
 fn load_engine(
     config: &ServeConfig,
+    plan: EnginePlan,
     metrics: Arc<Metrics>,
     thermal: ThermalGate,
 ) -> Result<Engine, EngineError> {
@@ -211,20 +211,7 @@ fn load_engine(
         "model loaded"
     );
     tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
-    Engine::start(
-        model,
-        EngineConfig {
-            slots: config.slots,
-            queue: config.queue,
-            ctx: config.ctx,
-            kv_cells: config.kv_cells,
-            threads: config.threads,
-            queue_timeout: config.queue_timeout,
-            prefill_chunk: PREFILL_CHUNK,
-        },
-        metrics,
-        thermal,
-    )
+    Engine::start(model, plan, metrics, thermal)
 }
 
 /// Pings systemd's watchdog while the decode loop keeps turning. A decode thread stuck for
@@ -247,13 +234,16 @@ async fn feed_watchdog(notifier: Arc<Notifier>, engine: Engine, every: Duration)
     }
 }
 
-fn register_memory_metrics(metrics: &Metrics, boot: Arc<Passed>) {
-    metrics.add_source(move |out| {
-        boot.decision.render_metrics(out);
+fn register_boot_metrics(metrics: &Metrics, boot: Arc<Passed>) {
+    metrics.add_source(move |w| {
+        boot.plan.render_metrics(w);
+        boot.decision.render_metrics(w);
         if let Some(rss) = crate::ledger::rss_bytes() {
-            out.push_str("# HELP inferloop_memory_rss_bytes Resident set size of the daemon.\n");
-            out.push_str("# TYPE inferloop_memory_rss_bytes gauge\n");
-            out.push_str(&format!("inferloop_memory_rss_bytes {rss}\n"));
+            w.gauge(
+                "inferloop_memory_rss_bytes",
+                "Resident set size of the daemon.",
+                rss,
+            );
         }
     });
 }

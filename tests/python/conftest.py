@@ -69,8 +69,8 @@ class Daemon:
             "--threads", "2",
             *extra_args,
         ]
-        # INFERLOOP_* variables override flags in the daemon; a stray one in the
-        # caller's environment (say INFERLOOP_PORT) must not change the test.
+        # INFERLOOP_* variables set what the flags leave unset; a stray one in the
+        # caller's environment (say INFERLOOP_API_KEY) must not change the test.
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
         env["NO_COLOR"] = "1"
         self.base_url: str | None = None

@@ -143,6 +143,20 @@ impl AdmissionConfig {
             })
     }
 
+    /// How many of `slots` may decode at once in `state`: all when `normal`; when `hot` or
+    /// `critical`, `hot_fraction` of them rounded down, at least 1 (0 slots stay 0). The one
+    /// place this cap is computed: [`Admission::max_active`] and the daemon's decode gate
+    /// both ask here.
+    pub fn max_active(&self, state: ThermalState, slots: usize) -> usize {
+        match state {
+            ThermalState::Normal => slots,
+            ThermalState::Hot | ThermalState::Critical => {
+                let cut = (slots as f64 * self.hot_fraction).floor() as usize;
+                cut.clamp(1.min(slots), slots)
+            }
+        }
+    }
+
     /// Checks the values: finite, `hot_c < critical_c`, hysteresis ≥ 0, fraction in (0, 1].
     pub fn validate(&self) -> Result<(), ThermalError> {
         let invalid = |field, message| Err(ThermalError::InvalidConfig { field, message });
@@ -285,17 +299,11 @@ impl Admission {
         self.observe(zone.celsius)
     }
 
-    /// How many sequences may decode at once out of `slots`. The scheduler starts a queued
-    /// sequence only while fewer are active; it never preempts running ones. `normal`: all;
-    /// `hot` and `critical`: `hot_fraction` of them, rounded down, at least 1 (0 slots stay 0).
+    /// How many sequences may decode at once out of `slots` in the current state (see
+    /// [`AdmissionConfig::max_active`]). The scheduler starts a queued sequence only while
+    /// fewer are active; it never preempts running ones.
     pub fn max_active(&self, slots: usize) -> usize {
-        match self.state {
-            ThermalState::Normal => slots,
-            ThermalState::Hot | ThermalState::Critical => {
-                let cut = (slots as f64 * self.config.hot_fraction).floor() as usize;
-                cut.clamp(1.min(slots), slots)
-            }
-        }
+        self.config.max_active(self.state, slots)
     }
 
     /// Whether a newly arriving request may be accepted; `false` in `critical` (answer 503

@@ -1,8 +1,8 @@
-//! A snapshot as a text table, for `inferloopd thermal [--watch]`.
+//! A reading as a text table, for `inferloopd thermal [--watch]`.
 
 use std::fmt::Write as _;
 
-use crate::snapshot::Snapshot;
+use crate::reading::Reading;
 
 fn opt_c(v: Option<f64>) -> String {
     v.map(|c| format!("{c:.1}")).unwrap_or_else(|| "-".into())
@@ -14,7 +14,8 @@ fn mhz(hz: u64) -> String {
 
 /// Zones, clocks, rails, load, power mode, throttling and admission state, one block each.
 /// Empty sections say so rather than vanish, so a bare machine's output is still readable.
-pub fn render_table(s: &Snapshot) -> String {
+pub fn render_table(reading: &Reading) -> String {
+    let s = &*reading.snapshot;
     let mut out = String::new();
     let mut header = vec![format!("source: {}", s.source)];
     if let Some(mode) = &s.power_mode {
@@ -23,7 +24,7 @@ pub fn render_table(s: &Snapshot) -> String {
             None => format!("power mode: {}", mode.name),
         });
     }
-    if let Some(state) = s.thermal_state {
+    if let Some(state) = reading.state {
         header.push(format!("state: {state}"));
     }
     if let Some(load) = s.gpu_load {

@@ -1,4 +1,4 @@
-//! The sampler task: reads a source every interval, keeps the latest snapshot and a bounded history.
+//! The sampler task: reads a source every interval, keeps the latest reading and a bounded history.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
 use crate::admission::{Admission, AdmissionConfig, ThermalState};
-use crate::snapshot::Snapshot;
+use crate::reading::Reading;
 use crate::source::Source;
 use crate::throttle::{self, ThrottleTracker};
 use crate::ThermalError;
@@ -21,7 +21,7 @@ pub struct SamplerConfig {
     pub interval: Duration,
     /// Snapshots kept; default 600 (10 minutes at 1 Hz).
     pub history: usize,
-    /// When set, every snapshot carries the admission state after it.
+    /// When set, every reading carries the admission state after its snapshot.
     pub admission: Option<AdmissionConfig>,
 }
 
@@ -57,11 +57,12 @@ impl SamplerConfig {
     }
 }
 
-type History = Arc<Mutex<VecDeque<Arc<Snapshot>>>>;
+type History = Arc<Mutex<VecDeque<Reading>>>;
 
 // A std mutex, not tokio's: the lock is held for a push or a clone of up to `history`
-// `Arc`s, never across an await, and readers (HTTP handlers, the decode thread) may be sync.
-fn lock(history: &Mutex<VecDeque<Arc<Snapshot>>>) -> MutexGuard<'_, VecDeque<Arc<Snapshot>>> {
+// readings (an `Arc` each), never across an await, and readers (HTTP handlers, the decode
+// thread) may be sync.
+fn lock(history: &Mutex<VecDeque<Reading>>) -> MutexGuard<'_, VecDeque<Reading>> {
     // A panic while holding the lock leaves a deque that is still a valid history.
     history
         .lock()
@@ -70,7 +71,7 @@ fn lock(history: &Mutex<VecDeque<Arc<Snapshot>>>) -> MutexGuard<'_, VecDeque<Arc
 
 /// A running sampler. Dropping it stops the task (after a sample already in flight).
 pub struct Sampler {
-    latest: watch::Receiver<Option<Arc<Snapshot>>>,
+    latest: watch::Receiver<Option<Reading>>,
     history: History,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
@@ -100,30 +101,29 @@ impl Sampler {
         })
     }
 
-    /// The newest snapshot, `None` before the first successful sample.
-    pub fn latest(&self) -> Option<Arc<Snapshot>> {
+    /// The newest reading, `None` before the first successful sample.
+    pub fn latest(&self) -> Option<Reading> {
         self.latest.borrow().clone()
     }
 
-    /// A receiver that sees every new snapshot; `borrow()` on it is a cheap sync read, fit
+    /// A receiver that sees every new reading; `borrow()` on it is a cheap sync read, fit
     /// for the decode thread.
-    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Snapshot>>> {
+    pub fn subscribe(&self) -> watch::Receiver<Option<Reading>> {
         self.latest.clone()
     }
 
-    /// The kept snapshots, oldest first.
-    pub fn history(&self) -> Vec<Arc<Snapshot>> {
+    /// The kept readings, oldest first.
+    pub fn history(&self) -> Vec<Reading> {
         lock(&self.history).iter().cloned().collect()
     }
 
-    /// The admission state of the newest snapshot; `normal` before the first one or when
+    /// The admission state of the newest reading; `normal` before the first one or when
     /// the sampler runs no admission.
     pub fn thermal_state(&self) -> ThermalState {
         self.latest
             .borrow()
             .as_ref()
-            .and_then(|s| s.thermal_state)
-            .unwrap_or(ThermalState::Normal)
+            .map_or(ThermalState::Normal, Reading::state_or_normal)
     }
 
     /// Stops the task and waits for it to finish.
@@ -142,7 +142,7 @@ async fn run(
     source: Box<dyn Source>,
     config: SamplerConfig,
     mut admission: Option<Admission>,
-    latest: watch::Sender<Option<Arc<Snapshot>>>,
+    latest: watch::Sender<Option<Reading>>,
     history: History,
     mut stopped: oneshot::Receiver<()>,
 ) {
@@ -192,19 +192,19 @@ async fn run(
         }
         snapshot.throttle = throttle::detect(&snapshot);
         tracker.update(&snapshot.throttle);
-        if let Some(admission) = admission.as_mut() {
+        let state = admission.as_mut().map(|admission| {
             admission.observe_snapshot(&snapshot);
-            snapshot.thermal_state = Some(admission.state());
-        }
-        let snapshot = Arc::new(snapshot);
+            admission.state()
+        });
+        let reading = Reading::new(snapshot, state);
         {
             let mut kept = lock(&history);
             if kept.len() >= config.history {
                 kept.pop_front();
             }
-            kept.push_back(Arc::clone(&snapshot));
+            kept.push_back(reading.clone());
         }
-        latest.send_replace(Some(snapshot));
+        latest.send_replace(Some(reading));
     }
     tracing::debug!("thermal sampler stopped");
 }

@@ -4,10 +4,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::admission::ThermalState;
 use crate::throttle::{Throttle, ThrottleCause};
 
-/// Everything one sample saw. Serialized as-is into `/v1/status` and `/v1/thermal`.
+/// Everything one sample saw, and nothing about what it means for admission (that rides
+/// beside it in a [`crate::Reading`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
     /// Wall-clock time of the reading, milliseconds since the Unix epoch.
@@ -23,8 +23,6 @@ pub struct Snapshot {
     /// Throttling now: reported by the hardware (NVML) and, after the sampler ran
     /// [`crate::throttle::detect`], inferred from clocks and trip points.
     pub throttle: Vec<Throttle>,
-    /// The admission state after this reading, when the sampler runs one.
-    pub thermal_state: Option<ThermalState>,
 }
 
 /// A temperature sensor.
@@ -85,7 +83,6 @@ impl Snapshot {
             gpu_load: None,
             power_mode: None,
             throttle: Vec::new(),
-            thermal_state: None,
         }
     }
 

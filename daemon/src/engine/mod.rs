@@ -1,28 +1,38 @@
-//! The inference engine: one model, one llama.cpp context, a decode thread doing continuous
-//! batching, and the handle the HTTP layer talks to.
+//! The inference engine: one model, a scheduler thread doing continuous batching over a
+//! [`backend::Backend`], and the handle the HTTP layer talks to.
 //!
-//! The decode thread is an actor: `Engine` is a cloneable sender; the thread owns the
-//! scheduler [`state::State`], the context and every live sequence.
+//! The scheduler is an actor: `Engine` is a cloneable sender; the thread owns the queue and
+//! slots ([`state::State`]), every live [`sequence::Sequence`] and the backend
+//! ([`llama::LlamaCpp`] on the CPU). See ARCHITECTURE.md for the request path.
 
+pub mod backend;
+#[cfg(test)]
+mod fake;
+mod llama;
 pub mod model;
+pub mod plan;
 pub mod prompt;
+mod scheduler;
+#[cfg(test)]
+mod scheduler_tests;
+mod sequence;
 pub mod state;
 pub mod text;
-mod worker;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 pub use model::{llama_system_info, LoadedModel, ModelInfo};
+pub use plan::EnginePlan;
 
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
 
 /// Errors the engine reports for one request or at start-up.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
     #[error("all {slots} slots are busy and the queue is full ({capacity} waiting); retry later")]
     QueueFull { slots: usize, capacity: usize },
@@ -155,103 +165,42 @@ pub struct Load {
     pub beat: Option<std::time::Instant>,
 }
 
-enum Command {
-    Submit {
-        request: GenerationRequest,
-        events: mpsc::UnboundedSender<Event>,
-        accepted: oneshot::Sender<Result<(), EngineError>>,
-    },
-    Shutdown,
-}
-
-/// Static engine settings.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub slots: usize,
-    pub queue: usize,
-    /// Context length of each slot.
-    pub ctx: u32,
-    /// KV cells for all slots together; below `slots × ctx` the slots share one pool.
-    pub kv_cells: u32,
-    pub threads: i32,
-    pub queue_timeout: Duration,
-    /// Most prompt tokens evaluated in one step, so running streams keep flowing during a
-    /// long prefill.
-    pub prefill_chunk: usize,
-}
-
-/// Handle to the decode thread. Cheap to clone.
+/// Handle to the scheduler thread and the model it serves. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    tx: std::sync::mpsc::Sender<Command>,
+    core: scheduler::Handle,
     model: Arc<LoadedModel>,
-    load: Arc<std::sync::Mutex<Load>>,
-    config: Arc<EngineConfig>,
-    /// Set once the decode thread has returned (its context freed).
-    stopped: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    plan: EnginePlan,
 }
 
 impl Engine {
-    /// Starts the decode thread around an already loaded model. Returns once the context
-    /// exists, so a failure here is a start-up failure, not a request failure. `thermal`
-    /// lowers the admission cap while the board is hot and refuses new work when critical.
+    /// Starts the scheduler on llama.cpp around an already loaded model. Returns once the
+    /// context exists, so a failure here is a start-up failure, not a request failure.
+    /// `thermal` lowers the admission cap while the board is hot and refuses new work when
+    /// critical.
     pub fn start(
         model: Arc<LoadedModel>,
-        config: EngineConfig,
+        plan: EnginePlan,
         metrics: Arc<Metrics>,
         thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let load = Arc::new(std::sync::Mutex::new(Load {
-            max_active: config.slots,
-            ..Load::default()
-        }));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_model = model.clone();
-        let thread_config = config.clone();
-        let thread_load = load.clone();
-        let stopped = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let thread_stopped = stopped.clone();
-        std::thread::Builder::new()
-            .name("inferloop-decode".into())
-            .spawn(move || {
-                worker::run(
-                    thread_model,
-                    thread_config,
-                    rx,
-                    ready_tx,
-                    metrics,
-                    thread_load,
-                    thermal,
-                );
-                let (done, cv) = &*thread_stopped;
-                if let Ok(mut d) = done.lock() {
-                    *d = true;
-                }
-                cv.notify_all();
-            })
-            .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
-                tx,
-                model,
-                load,
-                config: Arc::new(config),
-                stopped,
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(EngineError::Context(
-                "decode thread exited during start-up".into(),
-            )),
-        }
+        let core = scheduler::spawn(plan, metrics, thermal, move |runner| {
+            let model = thread_model;
+            match llama::LlamaCpp::new(&model, &plan) {
+                Ok(backend) => runner.run(backend, &*model),
+                Err(e) => runner.fail(e),
+            };
+        })?;
+        Ok(Self { core, model, plan })
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
+    pub fn plan(&self) -> &EnginePlan {
+        &self.plan
     }
 
     /// How long since the decode loop last went round (`None` before its first turn).
@@ -260,47 +209,28 @@ impl Engine {
     }
 
     pub fn load(&self) -> Load {
-        self.load.lock().map(|l| *l).unwrap_or_default()
+        self.core.load()
     }
 
-    /// Queues a request. Resolves once the decode thread accepted it (or refused it, e.g.
+    /// Queues a request. Resolves once the scheduler accepted it (or refused it, e.g.
     /// because the queue is full); events then arrive on the returned receiver.
     /// Dropping the receiver cancels the request.
     pub async fn submit(
         &self,
         request: GenerationRequest,
     ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
-        let (events, rx) = mpsc::unbounded_channel();
-        let (accepted, accepted_rx) = oneshot::channel();
-        self.tx
-            .send(Command::Submit {
-                request,
-                events,
-                accepted,
-            })
-            .map_err(|_| EngineError::ShuttingDown)?;
-        accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
-        Ok(rx)
+        self.core.submit(request).await
     }
 
-    /// Cancels everything still running or waiting; the decode thread then exits.
+    /// Cancels everything still running or waiting; the scheduler thread then exits.
     pub fn shutdown(&self) {
-        // A send error means the thread is already gone, which is the goal.
-        if self.tx.send(Command::Shutdown).is_err() {
-            tracing::debug!("decode thread already stopped");
-        }
+        self.core.shutdown();
     }
 
-    /// Blocks until the decode thread has returned, up to `timeout`; true if it did.
+    /// Blocks until the scheduler thread has returned, up to `timeout`; true if it did.
     /// The process must not exit while llama.cpp still runs a step on that thread: exit
     /// handlers would free what the step is using.
     pub fn wait_stopped(&self, timeout: Duration) -> bool {
-        let (done, cv) = &*self.stopped;
-        let Ok(guard) = done.lock() else {
-            return false;
-        };
-        cv.wait_timeout_while(guard, timeout, |d| !*d)
-            .map(|(d, _)| *d)
-            .unwrap_or(false)
+        self.core.wait_stopped(timeout)
     }
 }

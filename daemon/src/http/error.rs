@@ -305,6 +305,28 @@ mod tests {
         assert!(!other.headers().contains_key(header::WWW_AUTHENTICATE));
     }
 
+    #[tokio::test]
+    async fn a_full_queue_renders_as_a_429_rate_limit_error_with_retry_after() {
+        let resp = ApiError::from(EngineError::QueueFull {
+            slots: 1,
+            capacity: 1,
+        })
+        .into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(json["error"]["type"], "rate_limit_error");
+        assert_eq!(json["error"]["code"], "queue_full");
+    }
+
     #[test]
     fn context_length_exceeded_names_the_input_it_was_given() {
         let completion = ApiError::context_length_exceeded("prompt", 128, 120, 9);

@@ -92,7 +92,7 @@ async fn start(
             return Err(ApiError::model_not_found(m));
         }
     }
-    let ctx = engine.config().ctx;
+    let ctx = engine.plan().ctx;
     let (prompt_text, tokens) =
         tokenize(&engine, req.input.clone(), req.parse_special, shape).await?;
     if tokens.is_empty() {
@@ -168,7 +168,7 @@ async fn tokenize(
     shape: Shape,
 ) -> Result<(String, Vec<i32>), ApiError> {
     let model = engine.model().clone();
-    let ctx = engine.config().ctx;
+    let ctx = engine.plan().ctx;
     let bounds = model.prompt_bounds();
     let limit = Limit::for_context(ctx);
     let param = shape.prompt_param();

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inferloop_thermal::{Snapshot, ThermalState};
+use inferloop_thermal::{Reading, ThermalState};
 use serde_json::json;
 
 use super::error::ApiError;
@@ -72,12 +72,12 @@ pub async fn model(
 
 pub async fn status(State(state): State<AppState>) -> Response {
     let engine = state.engine.borrow().clone();
-    let cfg = &state.config;
+    let plan = &state.boot.plan;
     let load = engine.as_ref().map(|e| e.load()).unwrap_or_default();
     let max_active = if engine.is_some() {
         load.max_active
     } else {
-        cfg.slots
+        plan.slots
     };
     let model = engine.as_ref().map(|e| e.model().info().clone());
     let watch = &state.thermal;
@@ -93,9 +93,10 @@ pub async fn status(State(state): State<AppState>) -> Response {
     let latest = watch.latest();
     let thermal_state = latest
         .as_ref()
-        .and_then(|s| s.thermal_state)
-        .unwrap_or(ThermalState::Normal);
-    let celsius = latest.as_deref().and_then(|s| watch.driving_celsius(s));
+        .map_or(ThermalState::Normal, Reading::state_or_normal);
+    let celsius = latest
+        .as_ref()
+        .and_then(|r| watch.driving_celsius(&r.snapshot));
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "ready": engine.is_some(),
@@ -103,21 +104,21 @@ pub async fn status(State(state): State<AppState>) -> Response {
         "model": model,
         "llama": { "system_info": crate::engine::llama_system_info() },
         "slots": {
-            "total": cfg.slots,
+            "total": plan.slots,
             "active": load.active,
-            "idle": cfg.slots.saturating_sub(load.active),
+            "idle": plan.slots.saturating_sub(load.active),
             "max_active": max_active,
-            "ctx_per_slot": cfg.ctx,
+            "ctx_per_slot": plan.ctx,
         },
         "queue": {
             "depth": load.queued,
-            "capacity": cfg.queue,
-            "timeout_ms": cfg.queue_timeout.as_millis() as u64,
+            "capacity": plan.queue,
+            "timeout_ms": plan.queue_timeout.as_millis() as u64,
         },
         "kv": {
-            "cells": cfg.kv_cells,
+            "cells": plan.kv_cells,
             "reserved": load.kv_reserved,
-            "shared": (cfg.kv_cells as usize) < cfg.slots * cfg.ctx as usize,
+            "shared": plan.shared_kv,
         },
         "memory": {
             "fits": state.boot.decision.fits,
@@ -143,9 +144,10 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "hysteresis_celsius": watch.admission().hysteresis_c,
             "hot_fraction": watch.admission().hot_fraction,
             "zones": &watch.admission().zones,
-            "snapshot": latest.as_deref(),
+            // A reading serializes as its snapshot plus `thermal_state`.
+            "snapshot": latest,
         },
-        "threads": cfg.threads,
+        "threads": plan.threads,
         "requests": {
             "generated_tokens_total": state.metrics.generated_tokens_total.get(),
             "prompt_tokens_total": state.metrics.prompt_tokens_total.get(),
@@ -158,12 +160,10 @@ pub async fn status(State(state): State<AppState>) -> Response {
 /// The kept thermal readings, oldest first (`GET /v1/thermal`).
 pub async fn thermal(State(state): State<AppState>) -> Response {
     let watch = &state.thermal;
-    let history = watch.history();
-    let readings: Vec<&Snapshot> = history.iter().map(|s| &**s).collect();
+    let readings = watch.history();
     let thermal_state = readings
         .last()
-        .and_then(|s| s.thermal_state)
-        .unwrap_or(ThermalState::Normal);
+        .map_or(ThermalState::Normal, Reading::state_or_normal);
     Json(json!({
         "state": thermal_state,
         "interval_ms": watch.interval().as_millis() as u64,

@@ -12,6 +12,8 @@ use serde::Serialize;
 pub use gguf::{read_shape, GgufError, ModelShape};
 pub use limits::{read_limits, Limit, LimitSource};
 
+use crate::metrics::TextWriter;
+
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// Process memory that is not weights, KV or compute: binary, allocator, async runtime,
@@ -254,35 +256,26 @@ impl Decision {
     }
 
     /// Prometheus series for the ledger and limits.
-    pub fn render_metrics(&self, out: &mut String) {
-        out.push_str(
-            "# HELP inferloop_memory_required_bytes Memory ledger terms computed at cold load.\n",
+    pub fn render_metrics(&self, w: &mut TextWriter) {
+        w.gauge_family(
+            "inferloop_memory_required_bytes",
+            "Memory ledger terms computed at cold load.",
+            |family| {
+                for t in &self.ledger.terms {
+                    family.sample(&[("term", t.name)], t.bytes);
+                }
+                family.sample(&[("term", "total")], self.required_bytes);
+            },
         );
-        out.push_str("# TYPE inferloop_memory_required_bytes gauge\n");
-        for t in &self.ledger.terms {
-            let _ = writeln!(
-                out,
-                "inferloop_memory_required_bytes{{term=\"{}\"}} {}",
-                t.name, t.bytes
-            );
-        }
-        let _ = writeln!(
-            out,
-            "inferloop_memory_required_bytes{{term=\"total\"}} {}",
-            self.required_bytes
+        w.gauge_family(
+            "inferloop_memory_limit_bytes",
+            "Memory limits that apply to the process.",
+            |family| {
+                for l in &self.limits {
+                    family.sample(&[("source", l.source.label())], l.bytes);
+                }
+            },
         );
-        out.push_str(
-            "# HELP inferloop_memory_limit_bytes Memory limits that apply to the process.\n",
-        );
-        out.push_str("# TYPE inferloop_memory_limit_bytes gauge\n");
-        for l in &self.limits {
-            let _ = writeln!(
-                out,
-                "inferloop_memory_limit_bytes{{source=\"{}\"}} {}",
-                l.source.label(),
-                l.bytes
-            );
-        }
     }
 }
 
@@ -489,11 +482,18 @@ mod tests {
             plan(1, 1024),
             vec![limit(LimitSource::CgroupV2, 4096)],
         );
-        let mut out = String::new();
-        d.render_metrics(&mut out);
+        let mut w = TextWriter::new();
+        d.render_metrics(&mut w);
+        let out = w.finish();
         for t in ["weights", "kv", "compute", "overhead", "margin", "total"] {
             assert!(out.contains(&format!("inferloop_memory_required_bytes{{term=\"{t}\"}}")));
         }
         assert!(out.contains("inferloop_memory_limit_bytes{source=\"cgroup-v2\"} 4294967296"));
+        for help in [
+            "# HELP inferloop_memory_required_bytes Memory ledger terms computed at cold load.\n",
+            "# HELP inferloop_memory_limit_bytes Memory limits that apply to the process.\n",
+        ] {
+            assert!(out.contains(help), "{out}");
+        }
     }
 }

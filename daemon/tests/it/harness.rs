@@ -357,7 +357,7 @@ fn spawn(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
         .stderr(Stdio::piped())
         // The `listening on` line is at info level; a caller's RUST_LOG must not hide it.
         .env("RUST_LOG", "info,llama-cpp-2=warn");
-    // INFERLOOP_* variables override flags; the caller's environment must not leak in.
+    // INFERLOOP_* variables set whatever the flags leave unset; the caller's must not leak in.
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("INFERLOOP_") {
             cmd.env_remove(key);

@@ -57,44 +57,6 @@ async fn status_field(d: &Daemon, section: &str, field: &str) -> u64 {
 }
 
 #[tokio::test]
-async fn full_queue_answers_429_with_retry_after() {
-    let d = Daemon::start(&["--slots", "1", "--queue", "1", "--ctx", "512"]);
-    let running = occupy_slot(&d, 400).await;
-    let waiting = tokio::spawn({
-        let url = d.url("/v1/completions");
-        async move {
-            http()
-                .post(url)
-                .json(&counting_body(4, false))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        }
-    });
-    d.wait_status(SETTLE, "second request queued", |s| {
-        s["queue"]["depth"] == 1
-    })
-    .await;
-    assert_eq!(
-        status_field(&d, "slots", "active").await,
-        1,
-        "first still running"
-    );
-
-    let resp = d.post("/v1/completions", &counting_body(4, false)).await;
-    assert_eq!(header(&resp, "retry-after"), "1", "{:?}", resp.headers());
-    let err = assert_error(resp, 429, None, Some("queue_full")).await;
-    assert_eq!(err["type"], "rate_limit_error");
-
-    drop(running);
-    let queued = waiting.await.expect("task").expect("queued request");
-    assert_eq!(
-        queued, 200,
-        "the queued request is served once the slot frees"
-    );
-}
-
-#[tokio::test]
 async fn queue_wait_past_the_timeout_answers_503() {
     let d = Daemon::start(&[
         "--slots",

@@ -80,6 +80,54 @@ fn check_refuses_with_exit_1_under_a_small_budget() {
     assert_eq!(d["limit"]["bytes"].as_u64(), Some(100 * MIB));
 }
 
+/// Regression: `--proc-root` and `--sysfs-root` reached board detection but not the ledger,
+/// which read the limits under the real `/proc` and `/sys`.
+#[test]
+fn check_reads_the_limits_under_the_proc_and_sysfs_roots() {
+    let proc_dir = tempfile::tempdir().expect("tempdir");
+    let sys_dir = tempfile::tempdir().expect("tempdir");
+    let write = |dir: &Path, rel: &str, text: &str| {
+        let path = dir.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write fixture");
+    };
+    write(proc_dir.path(), "self/cgroup", "0::/box.slice\n");
+    write(
+        proc_dir.path(),
+        "self/mountinfo",
+        "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+    );
+    write(
+        proc_dir.path(),
+        "meminfo",
+        "MemTotal: 4000000 kB\nMemAvailable: 3000000 kB\n",
+    );
+    write(
+        sys_dir.path(),
+        "fs/cgroup/box.slice/memory.max",
+        "104857600\n",
+    );
+    let (code, d) = check_json(&[
+        "--slots",
+        "1",
+        "--ctx",
+        "1024",
+        "--proc-root",
+        proc_dir.path().to_str().expect("utf8"),
+        "--sysfs-root",
+        sys_dir.path().to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 1, "{d}");
+    assert_eq!(d["limit"]["source"], "cgroup-v2", "{d}");
+    assert_eq!(d["limit"]["bytes"].as_u64(), Some(100 * MIB));
+    assert_eq!(d["limit"]["from"], "/sys/fs/cgroup/box.slice/memory.max");
+    let avail = d["limits"]
+        .as_array()
+        .and_then(|ls| ls.iter().find(|l| l["source"] == "mem-available"))
+        .and_then(|l| l["bytes"].as_u64());
+    assert_eq!(avail, Some(3_000_000 * 1024), "{d}");
+}
+
 #[test]
 fn serve_refuses_a_budget_below_the_ledger_before_binding() {
     let (status, log) = Daemon::run_to_exit(

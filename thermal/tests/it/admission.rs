@@ -143,6 +143,42 @@ fn hot_fraction_is_configurable() {
 }
 
 #[test]
+fn cap_for_a_state_is_all_slots_when_normal_and_a_floored_fraction_otherwise() {
+    let half = AdmissionConfig::new(85.0, 95.0);
+    assert_eq!(half.max_active(Normal, 4), 4);
+    assert_eq!(half.max_active(Hot, 4), 2);
+    assert_eq!(half.max_active(Hot, 2), 1);
+    assert_eq!(half.max_active(Hot, 1), 1);
+    assert_eq!(half.max_active(Critical, 3), 1);
+    assert_eq!(half.max_active(Critical, 0), 0);
+    let all = AdmissionConfig {
+        hot_fraction: 1.0,
+        ..half.clone()
+    };
+    assert_eq!(all.max_active(Hot, 8), 8);
+    let tiny = AdmissionConfig {
+        hot_fraction: 0.01,
+        ..half
+    };
+    assert_eq!(tiny.max_active(Hot, 8), 1, "never none while slots exist");
+}
+
+#[test]
+fn machine_caps_as_its_config_says_for_its_state() {
+    let mut a = machine();
+    for celsius in [50.0, 88.0, 99.0, 80.0] {
+        a.observe(celsius);
+        for slots in 0..6 {
+            assert_eq!(
+                a.max_active(slots),
+                a.config().max_active(a.state(), slots),
+                "{celsius} °C, {slots} slots"
+            );
+        }
+    }
+}
+
+#[test]
 fn critical_refuses_new_requests_but_lets_running_ones_finish() {
     let mut a = machine();
     a.observe(99.0);

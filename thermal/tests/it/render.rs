@@ -1,7 +1,7 @@
 //! The `inferloopd thermal` table.
 
 use inferloop_thermal::throttle::detect;
-use inferloop_thermal::{render_table, JetsonSysfs, Snapshot, Source, ThermalState};
+use inferloop_thermal::{render_table, JetsonSysfs, Reading, Snapshot, Source, ThermalState};
 
 use crate::{fixture_sys, ScriptedRunner};
 
@@ -10,9 +10,8 @@ fn table_lists_zones_clocks_rails_mode_and_state() {
     let mut source = JetsonSysfs::new(fixture_sys("orin-nx-jp6"))
         .expect("fixture")
         .with_runner(ScriptedRunner::answering("NV Power Mode: 15W\n2\n"));
-    let mut snapshot = source.sample().expect("sample");
-    snapshot.thermal_state = Some(ThermalState::Normal);
-    let text = render_table(&snapshot);
+    let snapshot = source.sample().expect("sample");
+    let text = render_table(&Reading::new(snapshot, Some(ThermalState::Normal)));
     for expected in [
         "source: jetson-sysfs",
         "power mode: 15W (2)",
@@ -52,7 +51,11 @@ fn table_names_the_throttle_cause_and_numbers() {
         .with_runner(ScriptedRunner::not_installed());
     let mut snapshot = source.sample().expect("sample");
     snapshot.throttle = detect(&snapshot);
-    let text = render_table(&snapshot);
+    let text = render_table(&Reading::new(snapshot, None));
+    assert!(
+        !text.contains("state:"),
+        "no admission, no state shown:\n{text}"
+    );
     assert!(
         text.contains("throttling: thermal (gpu 612 MHz < max 918 MHz"),
         "{text}"
@@ -62,7 +65,7 @@ fn table_names_the_throttle_cause_and_numbers() {
 
 #[test]
 fn empty_snapshot_says_what_is_missing() {
-    let text = render_table(&Snapshot::new("linux"));
+    let text = render_table(&Reading::new(Snapshot::new("linux"), None));
     for expected in [
         "ZONES: none found",
         "CLOCKS: none found",

@@ -3,13 +3,16 @@
 use std::time::Duration;
 
 use inferloop_thermal::{
-    AdmissionConfig, Clock, FakeSource, FakeStep, Sampler, SamplerConfig, Snapshot, ThermalError,
-    ThermalState, ThrottleCause, Zone,
+    AdmissionConfig, Clock, FakeSource, FakeStep, Reading, Sampler, SamplerConfig, Snapshot,
+    ThermalError, ThermalState, ThrottleCause, Zone,
 };
 use tokio::time::Instant;
 
-fn temps_of(history: &[std::sync::Arc<Snapshot>]) -> Vec<f64> {
-    history.iter().map(|s| s.zones[0].celsius).collect()
+fn temps_of(history: &[Reading]) -> Vec<f64> {
+    history
+        .iter()
+        .map(|r| r.snapshot.zones[0].celsius)
+        .collect()
 }
 
 fn spawn(source: FakeSource, config: SamplerConfig) -> Sampler {
@@ -30,8 +33,9 @@ async fn first_sample_is_taken_at_once() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(handle.samples(), 1);
     let latest = sampler.latest().expect("latest");
-    assert_eq!(latest.zones[0].celsius, 50.0);
-    assert_eq!(latest.thermal_state, None, "no admission configured");
+    assert_eq!(latest.snapshot.zones[0].celsius, 50.0);
+    assert_eq!(latest.state, None, "no admission configured");
+    assert_eq!(sampler.thermal_state(), ThermalState::Normal);
 }
 
 #[tokio::test(start_paused = true)]
@@ -92,14 +96,17 @@ async fn failed_samples_keep_the_last_snapshot_and_sampling_goes_on() {
     let sampler = spawn(fake, SamplerConfig::default());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(handle.samples(), 2);
-    assert_eq!(sampler.latest().map(|s| s.zones[0].celsius), Some(50.0));
+    assert_eq!(
+        sampler.latest().map(|r| r.snapshot.zones[0].celsius),
+        Some(50.0)
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(handle.samples(), 4);
     assert_eq!(temps_of(&sampler.history()), [50.0, 60.0]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn admission_state_rides_on_every_snapshot() {
+async fn admission_state_rides_beside_every_snapshot() {
     let fake = FakeSource::temperatures("gpu", [50.0, 90.0, 100.0, 92.0, 70.0]);
     let handle = fake.handle();
     let config = SamplerConfig {
@@ -115,9 +122,12 @@ async fn admission_state_rides_on_every_snapshot() {
     }
     use ThermalState::{Critical, Hot, Normal};
     assert_eq!(seen, [Normal, Hot, Critical, Critical, Normal]);
-    let states: Vec<_> = sampler.history().iter().map(|s| s.thermal_state).collect();
-    assert_eq!(states.len(), 5);
-    assert!(states.iter().all(Option::is_some));
+    let states: Vec<_> = sampler.history().iter().map(|r| r.state).collect();
+    assert_eq!(
+        states,
+        [Normal, Hot, Critical, Critical, Normal].map(Some),
+        "history keeps each reading's state"
+    );
     // The daemon's tests heat the board up through the handle.
     handle.push_temperature("gpu", 99.0);
     rx.changed().await.expect("snapshot");
@@ -131,7 +141,7 @@ async fn throttling_is_detected_into_the_snapshot() {
         .with_clock(Clock::new("gpu", 612_000_000, Some(918_000_000)));
     let sampler = spawn(FakeSource::new([hot]), SamplerConfig::default());
     sampler.subscribe().changed().await.expect("snapshot");
-    let latest = sampler.latest().expect("latest");
+    let latest = sampler.latest().expect("latest").snapshot;
     assert_eq!(latest.throttle.len(), 1);
     assert_eq!(latest.throttle[0].cause, ThrottleCause::Thermal);
     assert!(latest.throttled(ThrottleCause::Thermal));
@@ -189,4 +199,17 @@ async fn invalid_admission_config_is_rejected_before_starting() {
         Err(other) => panic!("expected InvalidConfig, got {other:?}"),
         Ok(_) => panic!("bad admission config accepted"),
     }
+}
+
+#[test]
+fn reading_serializes_as_the_snapshot_plus_its_thermal_state() {
+    let snapshot = Snapshot::new("fake").with_zone(Zone::new("gpu", 71.5));
+    let hot = serde_json::to_value(Reading::new(snapshot.clone(), Some(ThermalState::Hot)))
+        .expect("serializes");
+    let mut expected = serde_json::to_value(&snapshot).expect("serializes");
+    expected["thermal_state"] = "hot".into();
+    assert_eq!(hot, expected);
+    let bare = serde_json::to_value(Reading::new(snapshot, None)).expect("serializes");
+    assert_eq!(bare["thermal_state"], serde_json::Value::Null, "{bare}");
+    assert_eq!(bare["zones"][0]["celsius"], 71.5, "{bare}");
 }

@@ -1,12 +1,16 @@
 //! Prometheus metrics, kept as plain atomics and rendered to the text exposition format.
 //!
 //! A hand-rolled registry keeps the hot path to one atomic add and avoids a global registry;
-//! the set of series is small and fixed.
+//! the set of series is small and fixed. Every series, the engine's here and those other
+//! subsystems add with [`Metrics::add_source`], is written through [`TextWriter`].
+
+pub mod text;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+pub use text::TextWriter;
 
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
@@ -74,17 +78,9 @@ impl Histogram {
         self.inner.lock().map(|d| d.count).unwrap_or(0)
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    fn render(&self, w: &mut TextWriter, name: &str, help: &str) {
         let d = self.inner.lock().map(|d| d.clone()).unwrap_or_default();
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, n) in self.bounds.iter().zip(&d.counts) {
-            cumulative += n;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", d.count);
-        let _ = writeln!(out, "{name}_sum {}", d.sum);
-        let _ = writeln!(out, "{name}_count {}", d.count);
+        w.histogram(name, help, self.bounds, &d.counts, d.sum, d.count);
     }
 }
 
@@ -97,7 +93,7 @@ const TOKEN_BUCKETS: &[f64] = &[
 const REQUEST_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
 /// Renders series owned by another subsystem.
-type Source = Box<dyn Fn(&mut String) + Send + Sync>;
+type Source = Box<dyn Fn(&mut TextWriter) + Send + Sync>;
 
 /// Every series the daemon exports.
 pub struct Metrics {
@@ -111,7 +107,7 @@ pub struct Metrics {
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
-    /// Extra text appended by other subsystems (memory ledger, thermal) at render time.
+    /// Series of other subsystems (memory ledger, thermal), written after these at render time.
     extra: Mutex<Vec<Source>>,
 }
 
@@ -158,101 +154,77 @@ impl Metrics {
     }
 
     /// Registers a renderer for series owned elsewhere.
-    pub fn add_source(&self, f: impl Fn(&mut String) + Send + Sync + 'static) {
+    pub fn add_source(&self, f: impl Fn(&mut TextWriter) + Send + Sync + 'static) {
         if let Ok(mut e) = self.extra.lock() {
             e.push(Box::new(f));
         }
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP inferloop_requests_total HTTP requests by route and status code.\n");
-        out.push_str("# TYPE inferloop_requests_total counter\n");
-        if let Ok(m) = self.requests.lock() {
-            for ((route, code), n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "inferloop_requests_total{{route=\"{}\",code=\"{code}\"}} {n}",
-                    escape_label(route)
-                );
-            }
-        }
-        gauge(
-            &mut out,
+        let mut w = TextWriter::new();
+        w.counter_family(
+            "inferloop_requests_total",
+            "HTTP requests by route and status code.",
+            |family| {
+                if let Ok(m) = self.requests.lock() {
+                    for ((route, code), n) in m.iter() {
+                        family.sample(&[("route", route), ("code", &code.to_string())], *n);
+                    }
+                }
+            },
+        );
+        w.gauge(
             "inferloop_active_slots",
             "Sequences decoding now.",
             self.active_slots.get(),
         );
-        gauge(
-            &mut out,
+        w.gauge(
             "inferloop_queue_depth",
             "Requests waiting for a slot.",
             self.queue_depth.get(),
         );
-        gauge(
-            &mut out,
+        w.gauge(
             "inferloop_kv_reserved_cells",
             "KV cells reserved by running requests.",
             self.kv_reserved_cells.get(),
         );
-        counter(
-            &mut out,
+        w.counter(
             "inferloop_prompt_tokens_total",
             "Prompt tokens admitted.",
             self.prompt_tokens_total.get(),
         );
-        counter(
-            &mut out,
+        w.counter(
             "inferloop_generated_tokens_total",
             "Tokens generated.",
             self.generated_tokens_total.get(),
         );
-        counter(
-            &mut out,
+        w.counter(
             "inferloop_cancelled_total",
             "Requests stopped because the client disconnected, while running or while queued.",
             self.cancelled_total.get(),
         );
         self.ttft_seconds.render(
-            &mut out,
+            &mut w,
             "inferloop_ttft_seconds",
             "Request received to first token sampled.",
         );
         self.inter_token_seconds.render(
-            &mut out,
+            &mut w,
             "inferloop_inter_token_seconds",
             "Time between consecutive tokens of one sequence.",
         );
         self.request_seconds.render(
-            &mut out,
+            &mut w,
             "inferloop_request_seconds",
             "Request received to last token.",
         );
         if let Ok(extra) = self.extra.lock() {
             for f in extra.iter() {
-                f(&mut out);
+                f(&mut w);
             }
         }
-        out
+        w.finish()
     }
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, v: i64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-}
-
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-    );
-}
-
-/// Escapes a label value per the exposition format.
-pub fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -265,8 +237,9 @@ mod tests {
         h.observe(0.05);
         h.observe(0.5);
         h.observe(5.0);
-        let mut out = String::new();
-        h.render(&mut out, "x", "help");
+        let mut w = TextWriter::new();
+        h.render(&mut w, "x", "help");
+        let out = w.finish();
         assert!(out.contains("x_bucket{le=\"0.1\"} 1\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"1\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
@@ -285,8 +258,112 @@ mod tests {
             .contains("inferloop_requests_total{route=\"/v1/chat/completions\",code=\"429\"} 1"));
     }
 
+    /// The exposition as the daemon wrote it before every series went through [`TextWriter`]:
+    /// scrapers and the qualification suite's strict parser were given exactly this.
+    const BEFORE_THE_WRITER: &str = r#"# HELP inferloop_requests_total HTTP requests by route and status code.
+# TYPE inferloop_requests_total counter
+inferloop_requests_total{route="/odd\"route\\x",code="404"} 1
+inferloop_requests_total{route="/v1/chat/completions",code="429"} 1
+inferloop_requests_total{route="/v1/models",code="200"} 2
+# HELP inferloop_active_slots Sequences decoding now.
+# TYPE inferloop_active_slots gauge
+inferloop_active_slots 2
+# HELP inferloop_queue_depth Requests waiting for a slot.
+# TYPE inferloop_queue_depth gauge
+inferloop_queue_depth -1
+# HELP inferloop_kv_reserved_cells KV cells reserved by running requests.
+# TYPE inferloop_kv_reserved_cells gauge
+inferloop_kv_reserved_cells 4096
+# HELP inferloop_prompt_tokens_total Prompt tokens admitted.
+# TYPE inferloop_prompt_tokens_total counter
+inferloop_prompt_tokens_total 17
+# HELP inferloop_generated_tokens_total Tokens generated.
+# TYPE inferloop_generated_tokens_total counter
+inferloop_generated_tokens_total 8
+# HELP inferloop_cancelled_total Requests stopped because the client disconnected, while running or while queued.
+# TYPE inferloop_cancelled_total counter
+inferloop_cancelled_total 1
+# HELP inferloop_ttft_seconds Request received to first token sampled.
+# TYPE inferloop_ttft_seconds histogram
+inferloop_ttft_seconds_bucket{le="0.005"} 0
+inferloop_ttft_seconds_bucket{le="0.01"} 0
+inferloop_ttft_seconds_bucket{le="0.025"} 1
+inferloop_ttft_seconds_bucket{le="0.05"} 1
+inferloop_ttft_seconds_bucket{le="0.1"} 1
+inferloop_ttft_seconds_bucket{le="0.25"} 1
+inferloop_ttft_seconds_bucket{le="0.5"} 1
+inferloop_ttft_seconds_bucket{le="1"} 1
+inferloop_ttft_seconds_bucket{le="2.5"} 1
+inferloop_ttft_seconds_bucket{le="5"} 2
+inferloop_ttft_seconds_bucket{le="10"} 2
+inferloop_ttft_seconds_bucket{le="30"} 2
+inferloop_ttft_seconds_bucket{le="60"} 2
+inferloop_ttft_seconds_bucket{le="+Inf"} 2
+inferloop_ttft_seconds_sum 3.02
+inferloop_ttft_seconds_count 2
+# HELP inferloop_inter_token_seconds Time between consecutive tokens of one sequence.
+# TYPE inferloop_inter_token_seconds histogram
+inferloop_inter_token_seconds_bucket{le="0.001"} 0
+inferloop_inter_token_seconds_bucket{le="0.0025"} 0
+inferloop_inter_token_seconds_bucket{le="0.005"} 1
+inferloop_inter_token_seconds_bucket{le="0.0075"} 1
+inferloop_inter_token_seconds_bucket{le="0.01"} 1
+inferloop_inter_token_seconds_bucket{le="0.015"} 1
+inferloop_inter_token_seconds_bucket{le="0.02"} 1
+inferloop_inter_token_seconds_bucket{le="0.03"} 1
+inferloop_inter_token_seconds_bucket{le="0.05"} 1
+inferloop_inter_token_seconds_bucket{le="0.1"} 1
+inferloop_inter_token_seconds_bucket{le="0.25"} 1
+inferloop_inter_token_seconds_bucket{le="0.5"} 1
+inferloop_inter_token_seconds_bucket{le="1"} 1
+inferloop_inter_token_seconds_bucket{le="+Inf"} 1
+inferloop_inter_token_seconds_sum 0.004
+inferloop_inter_token_seconds_count 1
+# HELP inferloop_request_seconds Request received to last token.
+# TYPE inferloop_request_seconds histogram
+inferloop_request_seconds_bucket{le="0.05"} 0
+inferloop_request_seconds_bucket{le="0.1"} 0
+inferloop_request_seconds_bucket{le="0.25"} 0
+inferloop_request_seconds_bucket{le="0.5"} 0
+inferloop_request_seconds_bucket{le="1"} 0
+inferloop_request_seconds_bucket{le="2.5"} 0
+inferloop_request_seconds_bucket{le="5"} 0
+inferloop_request_seconds_bucket{le="10"} 0
+inferloop_request_seconds_bucket{le="30"} 0
+inferloop_request_seconds_bucket{le="60"} 0
+inferloop_request_seconds_bucket{le="120"} 0
+inferloop_request_seconds_bucket{le="+Inf"} 1
+inferloop_request_seconds_sum 500
+inferloop_request_seconds_count 1
+# HELP inferloop_memory_rss_bytes Resident set size of the daemon.
+# TYPE inferloop_memory_rss_bytes gauge
+inferloop_memory_rss_bytes 123456
+"#;
+
     #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn exposition_is_byte_for_byte_what_scrapers_were_given() {
+        let m = Metrics::default();
+        m.record_request("/v1/models", 200);
+        m.record_request("/v1/models", 200);
+        m.record_request("/v1/chat/completions", 429);
+        m.record_request("/odd\"route\\x", 404);
+        m.active_slots.set(2);
+        m.queue_depth.set(-1);
+        m.kv_reserved_cells.set(4096);
+        m.prompt_tokens_total.inc_by(17);
+        m.generated_tokens_total.inc_by(8);
+        m.cancelled_total.inc();
+        m.ttft_seconds.observe(0.02);
+        m.ttft_seconds.observe(3.0);
+        m.inter_token_seconds.observe(0.004);
+        m.request_seconds.observe(500.0);
+        m.add_source(|w| {
+            w.gauge(
+                "inferloop_memory_rss_bytes",
+                "Resident set size of the daemon.",
+                123_456u64,
+            )
+        });
+        assert_eq!(m.render(), BEFORE_THE_WRITER);
     }
 }

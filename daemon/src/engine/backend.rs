@@ -1,0 +1,181 @@
+//! The seam between the scheduler and whatever computes tokens.
+//!
+//! A backend only computes: the scheduler decides which sequences run, hands the backend one
+//! [`StepPlan`] per step, and gets back one [`SeqOutcome`] per sequence that asked for a
+//! token. The backend never calls into the scheduler, never sees a client, a queue or a
+//! clock, and owns nothing but its sequences' KV cells and samplers. llama.cpp on the CPU
+//! ([`super::llama`]) is one backend; the native CUDA backend is the next.
+
+use super::SamplingParams;
+
+/// A backend sequence id. The scheduler uses its slot index, so ids are `0..slots` and an id
+/// is reused only after [`Backend::free`].
+pub type SeqId = usize;
+
+/// What a backend could not do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The step itself failed (e.g. `llama_decode` returned an error): every sequence in it
+    /// is lost, and only those.
+    #[error("{0}")]
+    Step(String),
+    /// This sequence alone failed; the others in the step went on.
+    #[error("{0}")]
+    Sequence(String),
+    /// The backend does not offer this operation (e.g. prefix sharing).
+    #[error("{0} is not supported by this backend")]
+    Unsupported(&'static str),
+}
+
+/// One sequence's work in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work<'a> {
+    /// Feed the token sampled last step at position `pos`; sample the next one.
+    Decode { seq: SeqId, token: i32, pos: u32 },
+    /// Feed prompt tokens at positions `pos..pos + tokens.len()`. When `sample` is set this
+    /// chunk ends the prompt and the first generated token is sampled after it.
+    Prefill {
+        seq: SeqId,
+        tokens: &'a [i32],
+        pos: u32,
+        sample: bool,
+    },
+}
+
+impl Work<'_> {
+    pub fn seq(&self) -> SeqId {
+        match self {
+            Work::Decode { seq, .. } | Work::Prefill { seq, .. } => *seq,
+        }
+    }
+
+    /// Whether the backend must return a token for this work.
+    pub fn samples(&self) -> bool {
+        match self {
+            Work::Decode { .. } => true,
+            Work::Prefill { sample, .. } => *sample,
+        }
+    }
+
+    /// Tokens this work feeds.
+    pub fn n_tokens(&self) -> usize {
+        match self {
+            Work::Decode { .. } => 1,
+            Work::Prefill { tokens, .. } => tokens.len(),
+        }
+    }
+}
+
+/// Everything one step computes, in order: decoding sequences first, then prompt chunks.
+/// The order is part of the contract: batch position decides nothing numerically, but a
+/// backend fills its batch in this order so the same plan gives the same batch.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StepPlan<'a> {
+    pub work: Vec<Work<'a>>,
+}
+
+impl StepPlan<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.work.is_empty()
+    }
+
+    /// Tokens fed in this step: what a backend's batch must hold.
+    pub fn tokens(&self) -> usize {
+        self.work.iter().map(Work::n_tokens).sum()
+    }
+}
+
+/// The result of one work: the sampled token when the work [`samples`](Work::samples),
+/// `None` for a prompt chunk that does not end its prompt, or why it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqOutcome {
+    pub seq: SeqId,
+    pub result: Result<Option<i32>, BackendError>,
+}
+
+/// Where a backend keeps weights and KV cells; the ledger and `/v1/status` report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Residency {
+    /// Host memory (llama.cpp on the CPU).
+    Host,
+    /// GPU memory; on a Jetson that memory is the same DRAM as the host's.
+    Device { unified: bool },
+}
+
+/// What the scheduler needs of the tokenizer to turn sampled tokens into text.
+pub trait Vocab {
+    /// End of generation (EOS, EOT, …).
+    fn is_end(&self, token: i32) -> bool;
+    /// The bytes a token stands for (maybe part of a UTF-8 character).
+    fn piece(&self, token: i32) -> Vec<u8>;
+}
+
+/// What the scheduler computes with.
+///
+/// Contract:
+/// - [`open`](Backend::open) before a sequence's first step; [`free`](Backend::free) drops
+///   its KV cells and sampler, after which the id may be opened again.
+/// - [`step`](Backend::step) runs every [`Work`] of the plan and returns exactly one outcome
+///   per work, in plan order. A step-wide failure is reported as [`BackendError::Step`] on
+///   every work of the step; a sequence's own failure only on its work.
+/// - Positions are the scheduler's: a backend trusts `pos` and keeps no cursor of its own.
+pub trait Backend {
+    /// A short name for logs and `/v1/status` (`llama.cpp`, `native-cuda`, …).
+    fn name(&self) -> &'static str;
+
+    fn residency(&self) -> Residency {
+        Residency::Host
+    }
+
+    /// Prepares sequence `seq` to be fed from position 0 with these sampling settings.
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError>;
+
+    /// Runs one step.
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome>;
+
+    /// Forgets a sequence: its KV cells become free for others.
+    fn free(&mut self, seq: SeqId);
+
+    /// Makes positions `0..len` of `dst` hold what they hold in `src` (prompt reuse), without
+    /// recomputing them. `dst` must be open and empty. A unified KV pool can share cells; a
+    /// backend with per-sequence buffers copies them. The default: not supported, so the
+    /// scheduler prefills the whole prompt.
+    fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        let _ = (src, dst, len);
+        Err(BackendError::Unsupported("prefix sharing"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_counts_fed_tokens_and_sampling_work() {
+        let prompt = [1, 2, 3];
+        let plan = StepPlan {
+            work: vec![
+                Work::Decode {
+                    seq: 0,
+                    token: 7,
+                    pos: 10,
+                },
+                Work::Prefill {
+                    seq: 1,
+                    tokens: &prompt,
+                    pos: 0,
+                    sample: false,
+                },
+            ],
+        };
+        assert_eq!(plan.tokens(), 4);
+        let sampling: Vec<SeqId> = plan
+            .work
+            .iter()
+            .filter(|w| w.samples())
+            .map(Work::seq)
+            .collect();
+        assert_eq!(sampling, vec![0]);
+    }
+}

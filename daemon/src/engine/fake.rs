@@ -1,0 +1,148 @@
+//! A backend for the scheduler's tests: deterministic tokens, a configurable step time,
+//! injectable failures, and a log of what the scheduler asked of it. No model needed.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::SamplingParams;
+
+/// The token the fake vocabulary reads as end of generation.
+pub const END: i32 = 2;
+
+/// What a test controls and observes, shared with the backend on the scheduler thread.
+#[derive(Debug, Default)]
+pub struct Control {
+    pub step_time: Duration,
+    /// Sequences whose next work fails with a sequence error (once each).
+    pub fail_seqs: HashSet<SeqId>,
+    /// The next step fails as a whole.
+    pub fail_step: bool,
+    /// `open` fails.
+    pub fail_open: bool,
+    /// Emit [`END`] once a sequence has generated this many tokens.
+    pub end_after: Option<u32>,
+    pub log: Log,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Log {
+    pub steps: u64,
+    /// (sequence, step count when it was opened).
+    pub opened: Vec<(SeqId, u64)>,
+    /// (sequence, step count when it was freed).
+    pub freed: Vec<(SeqId, u64)>,
+    /// Most sequences fed in one step.
+    pub widest: usize,
+    /// Most prompt tokens fed in one step.
+    pub most_prefill: usize,
+    /// Steps that fed a prompt chunk and decoded a running stream together.
+    pub mixed: u64,
+}
+
+#[derive(Clone, Default)]
+pub struct Fake {
+    pub control: Arc<Mutex<Control>>,
+    generated: Vec<u32>,
+}
+
+impl Fake {
+    pub fn new(slots: usize, step_time: Duration) -> Self {
+        let fake = Self {
+            control: Arc::default(),
+            generated: vec![0; slots],
+        };
+        fake.with(|c| c.step_time = step_time);
+        fake
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut Control) -> T) -> T {
+        let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut c)
+    }
+
+    pub fn log(&self) -> Log {
+        self.with(|c| c.log.clone())
+    }
+}
+
+impl Backend for Fake {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn open(&mut self, seq: SeqId, _sampling: &SamplingParams) -> Result<(), BackendError> {
+        self.with(|c| {
+            if c.fail_open {
+                return Err(BackendError::Sequence("injected open failure".into()));
+            }
+            c.log.opened.push((seq, c.log.steps));
+            Ok(())
+        })?;
+        self.generated[seq] = 0;
+        Ok(())
+    }
+
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        let step_time = self.with(|c| c.step_time);
+        std::thread::sleep(step_time);
+        let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        c.log.steps += 1;
+        c.log.widest = c.log.widest.max(plan.work.len());
+        let prefill: usize = plan
+            .work
+            .iter()
+            .filter(|w| matches!(w, Work::Prefill { .. }))
+            .map(Work::n_tokens)
+            .sum();
+        c.log.most_prefill = c.log.most_prefill.max(prefill);
+        if prefill > 0 && plan.work.iter().any(|w| matches!(w, Work::Decode { .. })) {
+            c.log.mixed += 1;
+        }
+        let whole = std::mem::take(&mut c.fail_step);
+        plan.work
+            .iter()
+            .map(|w| {
+                let seq = w.seq();
+                let result = if whole {
+                    Err(BackendError::Step("injected step failure".into()))
+                } else if c.fail_seqs.remove(&seq) {
+                    Err(BackendError::Sequence("injected sequence failure".into()))
+                } else if !w.samples() {
+                    Ok(None)
+                } else {
+                    self.generated[seq] += 1;
+                    let ended = c.end_after.is_some_and(|n| self.generated[seq] > n);
+                    // Token ids 10.. are words; the position makes each run's text the same.
+                    let pos = match w {
+                        Work::Decode { pos, .. } => *pos as i32 + 1,
+                        Work::Prefill { pos, tokens, .. } => *pos as i32 + tokens.len() as i32,
+                    };
+                    Ok(Some(if ended { END } else { 10 + pos % 50 }))
+                };
+                SeqOutcome { seq, result }
+            })
+            .collect()
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        self.with(|c| {
+            let at = c.log.steps;
+            c.log.freed.push((seq, at));
+        });
+    }
+}
+
+/// Token `t` reads as `"<t> "`.
+pub struct FakeVocab;
+
+impl Vocab for FakeVocab {
+    fn is_end(&self, token: i32) -> bool {
+        token == END
+    }
+
+    fn piece(&self, token: i32) -> Vec<u8> {
+        format!("{token} ").into_bytes()
+    }
+}

@@ -1,0 +1,177 @@
+//! The llama.cpp backend: one context on the CPU, every slot a llama.cpp sequence, one
+//! `llama_decode` per step over the plan's tokens, a llama.cpp sampler chain per sequence.
+
+use std::num::NonZeroU32;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::{BatchAddError, LlamaBatch};
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+
+use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::plan::EnginePlan;
+use super::{EngineError, LoadedModel, SamplingParams};
+
+pub struct LlamaCpp<'m> {
+    model: &'m LoadedModel,
+    ctx: LlamaContext<'m>,
+    batch: LlamaBatch<'static>,
+    samplers: Vec<Option<LlamaSampler>>,
+}
+
+impl<'m> LlamaCpp<'m> {
+    /// Creates the context the plan describes: per-slot KV cells, or one shared pool when
+    /// the plan oversubscribes the slots.
+    pub fn new(model: &'m LoadedModel, plan: &EnginePlan) -> Result<Self, EngineError> {
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(plan.context_cells()))
+            .with_n_seq_max(plan.slots as u32)
+            .with_kv_unified(plan.shared_kv)
+            .with_n_batch(plan.n_batch)
+            .with_n_ubatch(plan.n_ubatch)
+            .with_n_threads(plan.threads)
+            .with_n_threads_batch(plan.threads);
+        let ctx = model
+            .llama()
+            .new_context(model.backend(), params)
+            .map_err(|e| EngineError::Context(e.to_string()))?;
+        Ok(Self {
+            model,
+            ctx,
+            batch: LlamaBatch::new(plan.n_batch as usize, 1),
+            samplers: (0..plan.slots).map(|_| None).collect(),
+        })
+    }
+
+    /// Fills the batch in plan order; returns, per work, the batch index of its logits.
+    fn fill(&mut self, plan: &StepPlan<'_>) -> Result<Vec<Option<i32>>, BatchAddError> {
+        self.batch.clear();
+        let mut logits = Vec::with_capacity(plan.work.len());
+        for work in &plan.work {
+            let seq = [work.seq() as i32];
+            match *work {
+                Work::Decode { token, pos, .. } => {
+                    self.batch.add(LlamaToken(token), pos as i32, &seq, true)?;
+                }
+                Work::Prefill {
+                    tokens,
+                    pos,
+                    sample,
+                    ..
+                } => {
+                    for (i, t) in tokens.iter().enumerate() {
+                        let last = sample && i + 1 == tokens.len();
+                        self.batch
+                            .add(LlamaToken(*t), pos as i32 + i as i32, &seq, last)?;
+                    }
+                }
+            }
+            logits.push(work.samples().then(|| self.batch.n_tokens() - 1));
+        }
+        Ok(logits)
+    }
+}
+
+impl Backend for LlamaCpp<'_> {
+    fn name(&self) -> &'static str {
+        "llama.cpp"
+    }
+
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
+        let slot = self
+            .samplers
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        *slot = Some(build_sampler(sampling, self.model.info().n_vocab));
+        Ok(())
+    }
+
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        let failed = |reason: String| {
+            tracing::error!(
+                reason,
+                "llama_decode failed; failing the sequences in this step"
+            );
+            plan.work
+                .iter()
+                .map(|w| SeqOutcome {
+                    seq: w.seq(),
+                    result: Err(BackendError::Step(reason.clone())),
+                })
+                .collect()
+        };
+        let logits = match self.fill(plan) {
+            Ok(l) => l,
+            Err(e) => return failed(format!("batch assembly: {e}")),
+        };
+        if let Err(e) = self.ctx.decode(&mut self.batch) {
+            return failed(e.to_string());
+        }
+        plan.work
+            .iter()
+            .zip(logits)
+            .map(|(work, at)| {
+                let seq = work.seq();
+                let result = match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
+                    (None, _) => Ok(None),
+                    (Some(idx), Some(sampler)) => Ok(Some(sampler.sample(&self.ctx, idx).0)),
+                    (Some(_), None) => Err(BackendError::Sequence(format!(
+                        "sequence {seq} was not opened"
+                    ))),
+                };
+                SeqOutcome { seq, result }
+            })
+            .collect()
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        if let Some(s) = self.samplers.get_mut(seq) {
+            *s = None;
+        }
+        if let Err(e) = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None) {
+            tracing::warn!(seq, error = %e, "could not clear the KV cells of a sequence");
+        }
+    }
+}
+
+impl Vocab for LoadedModel {
+    fn is_end(&self, token: i32) -> bool {
+        self.llama().vocab().is_eog(LlamaToken(token))
+    }
+
+    fn piece(&self, token: i32) -> Vec<u8> {
+        self.llama()
+            .vocab()
+            .token_to_piece(LlamaToken(token), false, None)
+    }
+}
+
+fn build_sampler(p: &SamplingParams, n_vocab: i32) -> LlamaSampler {
+    let mut chain = Vec::new();
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        chain.push(LlamaSampler::penalties(
+            n_vocab,
+            64,
+            1.0,
+            p.frequency_penalty,
+            p.presence_penalty,
+        ));
+    }
+    if p.temperature <= 0.0 {
+        chain.push(LlamaSampler::greedy());
+    } else {
+        if p.top_k > 0 {
+            chain.push(LlamaSampler::top_k(p.top_k));
+        }
+        if p.top_p < 1.0 {
+            chain.push(LlamaSampler::top_p(p.top_p, 1));
+        }
+        if p.min_p > 0.0 {
+            chain.push(LlamaSampler::min_p(p.min_p, 1));
+        }
+        chain.push(LlamaSampler::temp(p.temperature));
+        chain.push(LlamaSampler::dist(p.seed));
+    }
+    LlamaSampler::chain_simple(chain)
+}

@@ -1,0 +1,480 @@
+//! The scheduler: one thread that owns every request's lifecycle and every policy (intake,
+//! thermal cap, queue expiry, admission, cancellation, finishing, load publishing), driving
+//! a [`Backend`] that only computes.
+//!
+//! Each turn: take new requests, follow the thermal state, expire and admit waiters, then
+//! run one step: the next token of every decoding sequence plus a bounded chunk of pending
+//! prompt. A sequence whose client left is dropped right after the step that noticed it, its
+//! KV cells freed and its slot given to the next waiter.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use inferloop_thermal::ThermalState;
+use tokio::sync::{mpsc, oneshot};
+
+use super::backend::{Backend, StepPlan, Vocab, Work};
+use super::plan::EnginePlan;
+use super::sequence::{End, Phase, Sequence};
+use super::state::State;
+use super::{EngineError, Event, GenerationRequest, Load};
+use crate::metrics::Metrics;
+use crate::thermal::ThermalGate;
+
+/// How long the idle loop sleeps between checks of the queue's timeouts.
+const IDLE_TICK: Duration = Duration::from_millis(50);
+
+pub(super) enum Command {
+    Submit {
+        request: GenerationRequest,
+        events: mpsc::UnboundedSender<Event>,
+        accepted: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Shutdown,
+}
+
+/// The scheduler thread's handle: send work, read the load, stop it. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Handle {
+    tx: Sender<Command>,
+    load: Arc<Mutex<Load>>,
+    /// Set once the thread has returned (its backend dropped).
+    stopped: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// What the thread body gets: everything but the backend, which it builds itself (a
+/// llama.cpp context borrows the model and must live on the thread that uses it).
+pub(super) struct Runner {
+    rx: Receiver<Command>,
+    ready: Sender<Result<(), EngineError>>,
+    plan: EnginePlan,
+    metrics: Arc<Metrics>,
+    load: Arc<Mutex<Load>>,
+    thermal: ThermalGate,
+}
+
+impl Runner {
+    /// Reports a backend that could not be built; `spawn` returns this error.
+    pub fn fail(self, error: EngineError) {
+        if self.ready.send(Err(error)).is_err() {
+            tracing::debug!("start-up abandoned before its failure was reported");
+        }
+    }
+
+    /// Serves with `backend` until shutdown.
+    pub fn run<B: Backend>(self, backend: B, vocab: &dyn Vocab) {
+        let plan = self.plan;
+        let mut s = Scheduler {
+            state: State::new(
+                plan.slots,
+                plan.queue,
+                plan.queue_timeout,
+                u64::from(plan.kv_cells),
+            ),
+            seqs: (0..plan.slots).map(|_| None).collect(),
+            backend,
+            vocab,
+            plan,
+            metrics: self.metrics,
+            load: self.load,
+            thermal: self.thermal,
+            thermal_state: ThermalState::Normal,
+        };
+        if self.ready.send(Ok(())).is_err() {
+            return;
+        }
+        tracing::debug!(backend = s.backend.name(), "scheduler started");
+        s.run_loop(&self.rx);
+        s.cancel_all();
+        tracing::debug!("scheduler stopped");
+    }
+}
+
+/// Starts the scheduler thread; `body` builds the backend and calls [`Runner::run`].
+/// Returns once the backend exists, so its failure is a start-up failure.
+pub(super) fn spawn(
+    plan: EnginePlan,
+    metrics: Arc<Metrics>,
+    thermal: ThermalGate,
+    body: impl FnOnce(Runner) + Send + 'static,
+) -> Result<Handle, EngineError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ready, ready_rx) = std::sync::mpsc::channel();
+    let load = Arc::new(Mutex::new(Load {
+        max_active: plan.slots,
+        ..Load::default()
+    }));
+    let stopped = Arc::new((Mutex::new(false), Condvar::new()));
+    let runner = Runner {
+        rx,
+        ready,
+        plan,
+        metrics,
+        load: load.clone(),
+        thermal,
+    };
+    let thread_stopped = stopped.clone();
+    std::thread::Builder::new()
+        .name("inferloop-decode".into())
+        .spawn(move || {
+            body(runner);
+            let (done, cv) = &*thread_stopped;
+            if let Ok(mut d) = done.lock() {
+                *d = true;
+            }
+            cv.notify_all();
+        })
+        .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(Handle { tx, load, stopped }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(EngineError::Context(
+            "decode thread exited during start-up".into(),
+        )),
+    }
+}
+
+impl Handle {
+    pub fn load(&self) -> Load {
+        self.load.lock().map(|l| *l).unwrap_or_default()
+    }
+
+    /// Queues a request; resolves once the scheduler accepted or refused it.
+    pub async fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (accepted, accepted_rx) = oneshot::channel();
+        self.tx
+            .send(Command::Submit {
+                request,
+                events,
+                accepted,
+            })
+            .map_err(|_| EngineError::ShuttingDown)?;
+        accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
+        Ok(rx)
+    }
+
+    pub fn shutdown(&self) {
+        // A send error means the thread is already gone, which is the goal.
+        if self.tx.send(Command::Shutdown).is_err() {
+            tracing::debug!("decode thread already stopped");
+        }
+    }
+
+    pub fn wait_stopped(&self, timeout: Duration) -> bool {
+        let (done, cv) = &*self.stopped;
+        let Ok(guard) = done.lock() else {
+            return false;
+        };
+        cv.wait_timeout_while(guard, timeout, |d| !*d)
+            .map(|(d, _)| *d)
+            .unwrap_or(false)
+    }
+}
+
+struct Scheduler<'v, B> {
+    backend: B,
+    vocab: &'v dyn Vocab,
+    plan: EnginePlan,
+    state: State<Sequence>,
+    /// The sequence in each slot; the slot index is its backend sequence id.
+    seqs: Vec<Option<Sequence>>,
+    metrics: Arc<Metrics>,
+    load: Arc<Mutex<Load>>,
+    thermal: ThermalGate,
+    /// The thermal state the admission cap was last set for.
+    thermal_state: ThermalState,
+}
+
+impl<B: Backend> Scheduler<'_, B> {
+    fn run_loop(&mut self, rx: &Receiver<Command>) {
+        loop {
+            if self.state.active() == 0 {
+                // Nothing to decode: wait for work, waking to expire queue timeouts.
+                match rx.recv_timeout(IDLE_TICK) {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            self.follow_thermal();
+            self.expire_waiters();
+            self.admit_waiters();
+            self.publish_load();
+            if self.state.active() > 0 {
+                self.step();
+                self.drop_departed();
+                self.publish_load();
+            }
+        }
+    }
+
+    /// Returns false when the loop must stop.
+    fn handle(&mut self, cmd: Command) -> bool {
+        let Command::Submit {
+            request,
+            events,
+            accepted,
+        } = cmd
+        else {
+            return false;
+        };
+        // Critical: refuse new work here, at submit; queued and running work goes on.
+        let reply = match self.thermal.refusal() {
+            Some(refused) => Err(refused),
+            None => match self
+                .state
+                .offer(Sequence::waiting(request, events), Instant::now())
+            {
+                Ok(()) => Ok(()),
+                Err(_) => Err(EngineError::QueueFull {
+                    slots: self.state.slots(),
+                    capacity: self.state.queue_capacity(),
+                }),
+            },
+        };
+        // If the submitter is gone, its event channel is closed too and the queue
+        // discards the sequence at dequeue.
+        if accepted.send(reply).is_err() {
+            tracing::debug!("submitter left before admission reply");
+        }
+        true
+    }
+
+    /// Follows the sampler's thermal state. Running sequences are never preempted; a lower
+    /// cap only holds back the next admissions.
+    fn follow_thermal(&mut self) {
+        let now = self.thermal.state();
+        if now == self.thermal_state {
+            return;
+        }
+        let slots = self.state.slots();
+        let cap = self.thermal.max_active(now, slots);
+        self.state.set_max_active(cap);
+        tracing::info!(from = %self.thermal_state, to = %now, max_active = cap, slots,
+            "thermal admission cap");
+        self.thermal_state = now;
+    }
+
+    fn expire_waiters(&mut self) {
+        let now = Instant::now();
+        self.state.drop_gone();
+        for seq in self.state.expire(now) {
+            let waited = now.saturating_duration_since(seq.received_at());
+            seq.send_failed(EngineError::QueueTimeout {
+                waited_ms: waited.as_millis() as u64,
+                timeout_ms: self.plan.queue_timeout.as_millis() as u64,
+            });
+        }
+    }
+
+    fn admit_waiters(&mut self) {
+        let now = Instant::now();
+        while let Some(admitted) = self.state.admit(now) {
+            let (slot, mut seq) = (admitted.slot, admitted.job);
+            if !seq.admit(now, admitted.waited) {
+                self.metrics.cancelled_total.inc();
+                self.state.release(slot);
+                continue;
+            }
+            // Validation never lets one through; a sequence with nothing to feed would
+            // never leave its slot.
+            let opened = if seq.prompt.is_empty() {
+                Err(super::backend::BackendError::Sequence(
+                    "empty prompt".into(),
+                ))
+            } else {
+                self.backend.open(slot, &seq.sampling)
+            };
+            if let Err(e) = opened {
+                seq.send_failed(EngineError::Decode(e.to_string()));
+                self.backend.free(slot);
+                self.state.release(slot);
+                continue;
+            }
+            self.metrics
+                .prompt_tokens_total
+                .inc_by(seq.prompt.len() as u64);
+            self.seqs[slot] = Some(seq);
+        }
+    }
+
+    /// One step over every active sequence, then its outcomes applied in plan order.
+    fn step(&mut self) {
+        let plan = plan_step(&self.seqs, self.plan.prefill_chunk as usize);
+        if plan.is_empty() {
+            return;
+        }
+        let fed: Vec<(usize, usize)> = plan.work.iter().map(|w| (w.seq(), w.n_tokens())).collect();
+        let outcomes = self.backend.step(&plan);
+        drop(plan);
+        if outcomes.len() != fed.len() {
+            tracing::error!(
+                expected = fed.len(),
+                got = outcomes.len(),
+                "backend broke the step contract; failing the step"
+            );
+        }
+        let now = Instant::now();
+        for (i, (slot, n)) in fed.into_iter().enumerate() {
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                continue;
+            };
+            seq.fed(n);
+            match outcomes.get(i).filter(|o| o.seq == slot).map(|o| &o.result) {
+                Some(Ok(None)) => {}
+                Some(Ok(Some(token))) => seq.sampled(*token, self.vocab, &self.metrics, now),
+                Some(Err(e)) => {
+                    tracing::error!(slot, error = %e, "backend failed a sequence");
+                    seq.end(End::Failed(EngineError::Decode(e.to_string())));
+                }
+                None => seq.end(End::Failed(EngineError::Decode(
+                    "backend returned no outcome for this sequence".into(),
+                ))),
+            }
+        }
+        self.retire_finished();
+    }
+
+    /// Sends the last event of every finishing sequence and frees its slot.
+    fn retire_finished(&mut self) {
+        for slot in 0..self.seqs.len() {
+            let finishing = matches!(
+                self.seqs[slot].as_ref().map(|s| &s.phase),
+                Some(Phase::Finishing(_))
+            );
+            if !finishing {
+                continue;
+            }
+            let Some(mut seq) = self.seqs[slot].take() else {
+                continue;
+            };
+            let why = match std::mem::replace(&mut seq.phase, Phase::Waiting) {
+                Phase::Finishing(End::Finished(reason)) => {
+                    seq.send_finished(reason, &self.metrics);
+                    "finished"
+                }
+                Phase::Finishing(End::Failed(e)) => {
+                    seq.send_failed(e);
+                    "failed"
+                }
+                _ => {
+                    self.metrics.cancelled_total.inc();
+                    "client disconnected"
+                }
+            };
+            self.free(slot, why);
+        }
+    }
+
+    /// Removes a slot's KV cells and gives the slot back.
+    fn free(&mut self, slot: usize, why: &str) {
+        self.seqs[slot] = None;
+        self.backend.free(slot);
+        self.state.release(slot);
+        tracing::debug!(slot, why, "slot freed");
+    }
+
+    fn drop_departed(&mut self) {
+        for seq in self.seqs.iter_mut().flatten() {
+            if seq.events.is_closed() && !matches!(seq.phase, Phase::Finishing(_)) {
+                seq.end(End::ClientGone);
+            }
+        }
+        self.retire_finished();
+    }
+
+    fn cancel_all(&mut self) {
+        for seq in self.state.drain_queue() {
+            seq.send_failed(EngineError::ShuttingDown);
+        }
+        for seq in self.seqs.iter_mut().flatten() {
+            seq.end(End::Failed(EngineError::ShuttingDown));
+        }
+        self.retire_finished();
+        self.publish_load();
+    }
+
+    fn publish_load(&mut self) {
+        // Queued clients that left are cancellations too (dropped inside `State`).
+        let departed = self.state.take_departed();
+        if departed > 0 {
+            self.metrics.cancelled_total.inc_by(departed);
+        }
+        let active = self.state.active();
+        let queued = self.state.queued();
+        let kv_reserved = self.state.kv_reserved();
+        self.metrics.active_slots.set(active as i64);
+        self.metrics.queue_depth.set(queued as i64);
+        self.metrics.kv_reserved_cells.set(kv_reserved as i64);
+        let max_active = self
+            .thermal
+            .max_active(self.thermal_state, self.state.slots());
+        if let Ok(mut l) = self.load.lock() {
+            *l = Load {
+                active,
+                queued,
+                kv_reserved,
+                max_active,
+                beat: Some(Instant::now()),
+            };
+        }
+    }
+}
+
+/// Decoding sequences go first so running streams never wait behind a long prefill; prompt
+/// chunks then fill the rest of the step's budget, in slot order.
+fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
+    let active = || {
+        seqs.iter()
+            .enumerate()
+            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
+    };
+    let mut work = Vec::new();
+    for (slot, seq) in active() {
+        if let Phase::Decoding { next } = seq.phase {
+            work.push(Work::Decode {
+                seq: slot,
+                token: next,
+                pos: seq.pos,
+            });
+        }
+    }
+    let mut budget = prefill_chunk;
+    for (slot, seq) in active() {
+        let Phase::Prefill { fed } = seq.phase else {
+            continue;
+        };
+        let n = (seq.prompt.len() - fed).min(budget);
+        if n == 0 {
+            continue;
+        }
+        work.push(Work::Prefill {
+            seq: slot,
+            tokens: &seq.prompt[fed..fed + n],
+            pos: seq.pos,
+            sample: fed + n == seq.prompt.len(),
+        });
+        budget -= n;
+    }
+    StepPlan { work }
+}
