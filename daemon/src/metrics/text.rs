@@ -252,6 +252,8 @@ mod tests {
         }
     }
 
+    // A debug assertion: `make test` runs release builds, where it is compiled out.
+    #[cfg(debug_assertions)]
     #[test]
     #[should_panic(expected = "announced twice")]
     fn a_family_announced_twice_is_a_bug() {
