@@ -30,7 +30,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model build run test pytest bench bench-peer fmt clippy clean venv
+.PHONY: help deps model build run test pytest bench bench-peer bench-prefix fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -42,6 +42,7 @@ help:
 	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
+	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
@@ -95,6 +96,13 @@ bench-peer: $(VENV)/.installed model build
 	scripts/build-peer.sh
 	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
 	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode --peer peer/llama-server $(BENCH_ARGS)
+
+# Prompt reuse: TTFT on shared system prompts, 8 apps over 4 slots, multi-turn chats and
+# never-reusable prompts, against llama-server with its prompt cache on (its default).
+# BENCH_ARGS="--quick --workloads shared" for a smoke run.
+bench-prefix: $(VENV)/.installed model build
+	scripts/build-peer.sh
+	$(VENV)/bin/python bench/prefix.py --daemon $(BIN) --model $(MODEL) --peer peer/llama-server $(BENCH_ARGS)
 
 fmt:
 	cargo fmt --all

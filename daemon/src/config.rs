@@ -52,6 +52,26 @@ pub enum ConfigError {
     UnauthenticatedBind { host: IpAddr },
 }
 
+/// An `on`/`off` setting, spelled the same as a flag, in the file and in the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl std::str::FromStr for Switch {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "on" => Ok(Switch::On),
+            "off" => Ok(Switch::Off),
+            other => Err(format!("expected `on` or `off`, got `{other}`")),
+        }
+    }
+}
+
 /// One layer of settings; every field optional so layers can be merged.
 /// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
 #[derive(Debug, Default, Clone, Deserialize, clap::Args)]
@@ -118,6 +138,10 @@ pub struct ServeLayer {
     /// requests then also wait for free cells.
     #[arg(long)]
     pub kv_cells: Option<u32>,
+    /// Reuse the KV cells of a prompt prefix already computed for another request
+    /// (`on` or `off`; default on).
+    #[arg(long, value_name = "on|off")]
+    pub prefix_cache: Option<Switch>,
     /// Board profile to use instead of detecting one (`inferloopd board` shows what
     /// detection picks and why).
     #[arg(long)]
@@ -165,6 +189,8 @@ pub struct ServeConfig {
     pub memory_margin: Option<u64>,
     /// KV cells for all slots together.
     pub kv_cells: u32,
+    /// Prompt reuse across requests (`--prefix-cache`).
+    pub prefix_cache: bool,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -392,6 +418,7 @@ impl ServeConfig {
             memory_budget,
             memory_margin,
             kv_cells,
+            prefix_cache: l.prefix_cache.unwrap_or(Switch::On) == Switch::On,
             host,
             port: l.port.unwrap_or(8080),
             slots,

@@ -114,8 +114,9 @@ pub trait Vocab {
 /// What the scheduler computes with.
 ///
 /// Contract:
-/// - [`open`](Backend::open) before a sequence's first step; [`free`](Backend::free) drops
-///   its KV cells and sampler, after which the id may be opened again.
+/// - [`open`](Backend::open) before a sequence's first step; [`close`](Backend::close) after
+///   its last. The id may then be opened again, reusing (after `truncate` or
+///   `share_prefix`) or dropping (`free`) the KV cells it holds.
 /// - [`step`](Backend::step) runs every [`Work`] of the plan and returns exactly one outcome
 ///   per work, in plan order. A step-wide failure is reported as [`BackendError::Step`] on
 ///   every work of the step; a sequence's own failure only on its work.
@@ -134,13 +135,21 @@ pub trait Backend {
     /// Runs one step.
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome>;
 
-    /// Forgets a sequence: its KV cells become free for others.
-    fn free(&mut self, seq: SeqId);
+    /// Ends a sequence's generation: its sampler goes, its KV cells stay resident (prompt
+    /// reuse) until [`truncate`](Backend::truncate) or [`free`](Backend::free).
+    fn close(&mut self, seq: SeqId);
 
-    /// Makes positions `0..len` of `dst` hold what they hold in `src` (prompt reuse), without
-    /// recomputing them. `dst` must be open and empty. A unified KV pool can share cells; a
-    /// backend with per-sequence buffers copies them. The default: not supported, so the
-    /// scheduler prefills the whole prompt.
+    /// Keeps positions `0..len` of `seq`'s KV cells and frees the rest (`len` 0 frees all).
+    fn truncate(&mut self, seq: SeqId, len: u32);
+
+    /// Forgets a sequence: sampler and KV cells.
+    fn free(&mut self, seq: SeqId) {
+        self.close(seq);
+        self.truncate(seq, 0);
+    }
+
+    /// Replaces what `dst` holds with positions `0..len` of `src`, without recomputing them
+    /// (prompt reuse). A unified KV pool shares the cells; per-sequence buffers copy them.
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
         let _ = (src, dst, len);
         Err(BackendError::Unsupported("prefix sharing"))

@@ -31,8 +31,12 @@ pub struct Log {
     pub steps: u64,
     /// (sequence, step count when it was opened).
     pub opened: Vec<(SeqId, u64)>,
-    /// (sequence, step count when it was freed).
+    /// (sequence, step count when it was closed).
     pub freed: Vec<(SeqId, u64)>,
+    /// (sequence, positions kept).
+    pub truncated: Vec<(SeqId, u32)>,
+    /// (source, destination, positions shared).
+    pub shared: Vec<(SeqId, SeqId, u32)>,
     /// Most sequences fed in one step.
     pub widest: usize,
     /// Most prompt tokens fed in one step.
@@ -126,11 +130,20 @@ impl Backend for Fake {
             .collect()
     }
 
-    fn free(&mut self, seq: SeqId) {
+    fn close(&mut self, seq: SeqId) {
         self.with(|c| {
             let at = c.log.steps;
             c.log.freed.push((seq, at));
         });
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: u32) {
+        self.with(|c| c.log.truncated.push((seq, len)));
+    }
+
+    fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        self.with(|c| c.log.shared.push((src, dst, len)));
+        Ok(())
     }
 }
 

@@ -18,6 +18,7 @@ pub struct LlamaCpp<'m> {
     ctx: LlamaContext<'m>,
     batch: LlamaBatch<'static>,
     samplers: Vec<Option<LlamaSampler>>,
+    shared_kv: bool,
 }
 
 impl<'m> LlamaCpp<'m> {
@@ -41,6 +42,7 @@ impl<'m> LlamaCpp<'m> {
             ctx,
             batch: LlamaBatch::new(plan.n_batch as usize, 1),
             samplers: (0..plan.slots).map(|_| None).collect(),
+            shared_kv: plan.shared_kv,
         })
     }
 
@@ -125,13 +127,42 @@ impl Backend for LlamaCpp<'_> {
             .collect()
     }
 
-    fn free(&mut self, seq: SeqId) {
+    fn close(&mut self, seq: SeqId) {
         if let Some(s) = self.samplers.get_mut(seq) {
             *s = None;
         }
-        if let Err(e) = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None) {
-            tracing::warn!(seq, error = %e, "could not clear the KV cells of a sequence");
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: u32) {
+        let from = (len > 0).then_some(len);
+        match self.ctx.clear_kv_cache_seq(Some(seq as u32), from, None) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(seq, len, "llama.cpp refused to drop part of a sequence"),
+            Err(e) => {
+                tracing::warn!(seq, len, error = %e, "could not drop the KV cells of a sequence")
+            }
         }
+    }
+
+    fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        let fail = |e: &dyn std::fmt::Display| {
+            BackendError::Sequence(format!("KV copy from sequence {src} to {dst}: {e}"))
+        };
+        self.truncate(dst, 0);
+        if self.shared_kv {
+            // One pool: the cells gain `dst` as a second owner; nothing is copied.
+            self.ctx
+                .copy_kv_cache_seq(src as i32, dst as i32, Some(0), Some(len))
+                .map_err(|e| fail(&e))?;
+        } else {
+            // A stream per sequence: llama.cpp copies whole streams (at the next decode),
+            // then the tail past the prefix is dropped.
+            self.ctx
+                .copy_kv_cache_seq(src as i32, dst as i32, None, None)
+                .map_err(|e| fail(&e))?;
+            self.truncate(dst, len);
+        }
+        Ok(())
     }
 }
 

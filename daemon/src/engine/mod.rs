@@ -11,6 +11,7 @@ mod fake;
 mod llama;
 pub mod model;
 pub mod plan;
+mod prefix;
 pub mod prompt;
 mod scheduler;
 #[cfg(test)]
@@ -18,6 +19,7 @@ mod scheduler_tests;
 mod sequence;
 pub mod state;
 pub mod text;
+mod thread;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,12 +120,23 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV cells were reused from an earlier request, not recomputed.
+    pub cached_tokens: u32,
 }
 
 /// llama-server style timings, plus the queue wait.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Timings {
     pub queue_ms: f64,
+    /// Prompt tokens reused from the prefix cache (llama-server's `cache_n`).
+    pub cache_n: u32,
+    /// Prompt tokens evaluated: the prompt less `cache_n`.
     pub prompt_n: u32,
     pub prompt_ms: f64,
     pub prompt_per_second: f64,
@@ -168,7 +181,7 @@ pub struct Load {
 /// Handle to the scheduler thread and the model it serves. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    core: scheduler::Handle,
+    core: thread::Handle,
     model: Arc<LoadedModel>,
     plan: EnginePlan,
 }
@@ -185,7 +198,7 @@ impl Engine {
         thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
         let thread_model = model.clone();
-        let core = scheduler::spawn(plan, metrics, thermal, move |runner| {
+        let core = thread::spawn(plan, metrics, thermal, move |runner| {
             let model = thread_model;
             match llama::LlamaCpp::new(&model, &plan) {
                 Ok(backend) => runner.run(backend, &*model),

@@ -33,6 +33,8 @@ pub struct EnginePlan {
     /// Widest micro-batch the backend computes at once.
     pub n_ubatch: u32,
     pub threads: i32,
+    /// Finished requests' KV cells stay for prompt reuse.
+    pub prefix_cache: bool,
     #[serde(skip)]
     pub queue_timeout: Duration,
 }
@@ -51,6 +53,7 @@ impl EnginePlan {
             n_batch,
             n_ubatch: n_batch.min(STEP_TOKENS),
             threads: config.threads,
+            prefix_cache: config.prefix_cache,
             queue_timeout: config.queue_timeout,
         }
     }

@@ -7,176 +7,26 @@
 //! prompt. A sequence whose client left is dropped right after the step that noticed it, its
 //! KV cells freed and its slot given to the next waiter.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inferloop_thermal::ThermalState;
-use tokio::sync::{mpsc, oneshot};
 
 use super::backend::{Backend, StepPlan, Vocab, Work};
 use super::plan::EnginePlan;
+use super::prefix::{exact_cut, Hit, PrefixIndex, MIN_COPY};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
-use super::{EngineError, Event, GenerationRequest, Load};
+use super::thread::Command;
+use super::{EngineError, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
-pub(super) enum Command {
-    Submit {
-        request: GenerationRequest,
-        events: mpsc::UnboundedSender<Event>,
-        accepted: oneshot::Sender<Result<(), EngineError>>,
-    },
-    Shutdown,
-}
-
-/// The scheduler thread's handle: send work, read the load, stop it. Cheap to clone.
-#[derive(Clone)]
-pub(super) struct Handle {
-    tx: Sender<Command>,
-    load: Arc<Mutex<Load>>,
-    /// Set once the thread has returned (its backend dropped).
-    stopped: Arc<(Mutex<bool>, Condvar)>,
-}
-
-/// What the thread body gets: everything but the backend, which it builds itself (a
-/// llama.cpp context borrows the model and must live on the thread that uses it).
-pub(super) struct Runner {
-    rx: Receiver<Command>,
-    ready: Sender<Result<(), EngineError>>,
-    plan: EnginePlan,
-    metrics: Arc<Metrics>,
-    load: Arc<Mutex<Load>>,
-    thermal: ThermalGate,
-}
-
-impl Runner {
-    /// Reports a backend that could not be built; `spawn` returns this error.
-    pub fn fail(self, error: EngineError) {
-        if self.ready.send(Err(error)).is_err() {
-            tracing::debug!("start-up abandoned before its failure was reported");
-        }
-    }
-
-    /// Serves with `backend` until shutdown.
-    pub fn run<B: Backend>(self, backend: B, vocab: &dyn Vocab) {
-        let plan = self.plan;
-        let mut s = Scheduler {
-            state: State::new(
-                plan.slots,
-                plan.queue,
-                plan.queue_timeout,
-                u64::from(plan.kv_cells),
-            ),
-            seqs: (0..plan.slots).map(|_| None).collect(),
-            backend,
-            vocab,
-            plan,
-            metrics: self.metrics,
-            load: self.load,
-            thermal: self.thermal,
-            thermal_state: ThermalState::Normal,
-        };
-        if self.ready.send(Ok(())).is_err() {
-            return;
-        }
-        tracing::debug!(backend = s.backend.name(), "scheduler started");
-        s.run_loop(&self.rx);
-        s.cancel_all();
-        tracing::debug!("scheduler stopped");
-    }
-}
-
-/// Starts the scheduler thread; `body` builds the backend and calls [`Runner::run`].
-/// Returns once the backend exists, so its failure is a start-up failure.
-pub(super) fn spawn(
-    plan: EnginePlan,
-    metrics: Arc<Metrics>,
-    thermal: ThermalGate,
-    body: impl FnOnce(Runner) + Send + 'static,
-) -> Result<Handle, EngineError> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (ready, ready_rx) = std::sync::mpsc::channel();
-    let load = Arc::new(Mutex::new(Load {
-        max_active: plan.slots,
-        ..Load::default()
-    }));
-    let stopped = Arc::new((Mutex::new(false), Condvar::new()));
-    let runner = Runner {
-        rx,
-        ready,
-        plan,
-        metrics,
-        load: load.clone(),
-        thermal,
-    };
-    let thread_stopped = stopped.clone();
-    std::thread::Builder::new()
-        .name("inferloop-decode".into())
-        .spawn(move || {
-            body(runner);
-            let (done, cv) = &*thread_stopped;
-            if let Ok(mut d) = done.lock() {
-                *d = true;
-            }
-            cv.notify_all();
-        })
-        .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
-    match ready_rx.recv() {
-        Ok(Ok(())) => Ok(Handle { tx, load, stopped }),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(EngineError::Context(
-            "decode thread exited during start-up".into(),
-        )),
-    }
-}
-
-impl Handle {
-    pub fn load(&self) -> Load {
-        self.load.lock().map(|l| *l).unwrap_or_default()
-    }
-
-    /// Queues a request; resolves once the scheduler accepted or refused it.
-    pub async fn submit(
-        &self,
-        request: GenerationRequest,
-    ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
-        let (events, rx) = mpsc::unbounded_channel();
-        let (accepted, accepted_rx) = oneshot::channel();
-        self.tx
-            .send(Command::Submit {
-                request,
-                events,
-                accepted,
-            })
-            .map_err(|_| EngineError::ShuttingDown)?;
-        accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
-        Ok(rx)
-    }
-
-    pub fn shutdown(&self) {
-        // A send error means the thread is already gone, which is the goal.
-        if self.tx.send(Command::Shutdown).is_err() {
-            tracing::debug!("decode thread already stopped");
-        }
-    }
-
-    pub fn wait_stopped(&self, timeout: Duration) -> bool {
-        let (done, cv) = &*self.stopped;
-        let Ok(guard) = done.lock() else {
-            return false;
-        };
-        cv.wait_timeout_while(guard, timeout, |d| !*d)
-            .map(|(d, _)| *d)
-            .unwrap_or(false)
-    }
-}
-
-struct Scheduler<'v, B> {
+pub(super) struct Scheduler<'v, B> {
     backend: B,
     vocab: &'v dyn Vocab,
     plan: EnginePlan,
@@ -188,10 +38,43 @@ struct Scheduler<'v, B> {
     thermal: ThermalGate,
     /// The thermal state the admission cap was last set for.
     thermal_state: ThermalState,
+    /// What each slot's KV cells hold, for prompt reuse.
+    prefix: PrefixIndex,
 }
 
-impl<B: Backend> Scheduler<'_, B> {
-    fn run_loop(&mut self, rx: &Receiver<Command>) {
+impl<'v, B: Backend> Scheduler<'v, B> {
+    pub(super) fn new(
+        backend: B,
+        vocab: &'v dyn Vocab,
+        plan: EnginePlan,
+        metrics: Arc<Metrics>,
+        load: Arc<Mutex<Load>>,
+        thermal: ThermalGate,
+    ) -> Self {
+        Self {
+            state: State::new(
+                plan.slots,
+                plan.queue,
+                plan.queue_timeout,
+                u64::from(plan.kv_cells),
+            ),
+            seqs: (0..plan.slots).map(|_| None).collect(),
+            backend,
+            vocab,
+            plan,
+            metrics,
+            load,
+            thermal,
+            thermal_state: ThermalState::Normal,
+            prefix: PrefixIndex::new(plan.slots, plan.prefix_cache),
+        }
+    }
+
+    pub(super) fn name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub(super) fn run_loop(&mut self, rx: &Receiver<Command>) {
         loop {
             if self.state.active() == 0 {
                 // Nothing to decode: wait for work, waking to expire queue timeouts.
@@ -289,7 +172,14 @@ impl<B: Backend> Scheduler<'_, B> {
 
     fn admit_waiters(&mut self) {
         let now = Instant::now();
-        while let Some(admitted) = self.state.admit(now) {
+        loop {
+            let prefix = &self.prefix;
+            let Some(admitted) = self
+                .state
+                .admit_to(now, |seq, free| prefix.choose(&seq.prompt, free))
+            else {
+                break;
+            };
             let (slot, mut seq) = (admitted.slot, admitted.job);
             if !seq.admit(now, admitted.waited) {
                 self.metrics.cancelled_total.inc();
@@ -308,13 +198,83 @@ impl<B: Backend> Scheduler<'_, B> {
             if let Err(e) = opened {
                 seq.send_failed(EngineError::Decode(e.to_string()));
                 self.backend.free(slot);
+                self.prefix.clear(slot);
                 self.state.release(slot);
                 continue;
             }
             self.metrics
                 .prompt_tokens_total
                 .inc_by(seq.prompt.len() as u64);
+            let cached = self.reuse_prefix(slot, &seq.prompt);
+            seq.reuse(cached);
             self.seqs[slot] = Some(seq);
+            self.evict_for_pool();
+        }
+    }
+
+    /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
+    /// or shared from another slot) and drops the rest of what the slot held. Returns the
+    /// number of prompt tokens that need no prefill.
+    fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
+        if !self.prefix.enabled() {
+            return 0;
+        }
+        self.metrics
+            .prefix_lookup_tokens_total
+            .inc_by(prompt.len() as u64);
+        let chunk = self.plan.prefill_chunk as usize;
+        let hit = self
+            .prefix
+            .longest(prompt)
+            .map(|h| Hit {
+                len: exact_cut(h.len, prompt.len(), chunk),
+                ..h
+            })
+            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= MIN_COPY));
+        let len = match hit {
+            Some(h) if h.slot != slot => {
+                match self.backend.share_prefix(h.slot, slot, h.len as u32) {
+                    Ok(()) => h.len,
+                    Err(e) => {
+                        tracing::warn!(from = h.slot, to = slot, error = %e, "prefix not shared; prefilling it");
+                        self.backend.truncate(slot, 0);
+                        0
+                    }
+                }
+            }
+            own => {
+                let len = own.map_or(0, |h| h.len);
+                self.backend.truncate(slot, len as u32);
+                len
+            }
+        };
+        self.prefix.set(slot, &prompt[..len]);
+        self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
+        len
+    }
+
+    /// With one shared KV pool, cells retained by idle slots must leave room for what the
+    /// running requests reserved: evict least recently used prefixes until they do, so a
+    /// retained prefix never makes a request wait or a step run out of cells.
+    fn evict_for_pool(&mut self) {
+        if !self.plan.shared_kv {
+            // A KV stream per slot: a prefix lives in its slot's own cells and is
+            // overwritten when the slot is reused.
+            return;
+        }
+        let capacity = u64::from(self.plan.kv_cells);
+        loop {
+            let seqs = &self.seqs;
+            let idle = |s: usize| seqs[s].is_none();
+            if self.state.kv_reserved() + self.prefix.retained(idle) <= capacity {
+                return;
+            }
+            let Some(victim) = self.prefix.least_recent(idle) else {
+                return;
+            };
+            self.backend.truncate(victim, 0);
+            self.prefix.clear(victim);
+            tracing::debug!(slot = victim, "retained prefix evicted");
         }
     }
 
@@ -339,8 +299,18 @@ impl<B: Backend> Scheduler<'_, B> {
             let Some(seq) = self.seqs[slot].as_mut() else {
                 continue;
             };
+            let result = outcomes.get(i).filter(|o| o.seq == slot).map(|o| &o.result);
+            if let Some(Ok(_)) = result {
+                match seq.phase {
+                    Phase::Decoding { next } => self.prefix.fed(slot, &[next], false),
+                    Phase::Prefill { fed } => {
+                        self.prefix.fed(slot, &seq.prompt[fed..fed + n], true)
+                    }
+                    _ => {}
+                }
+            }
             seq.fed(n);
-            match outcomes.get(i).filter(|o| o.seq == slot).map(|o| &o.result) {
+            match result {
                 Some(Ok(None)) => {}
                 Some(Ok(Some(token))) => seq.sampled(*token, self.vocab, &self.metrics, now),
                 Some(Err(e)) => {
@@ -368,30 +338,39 @@ impl<B: Backend> Scheduler<'_, B> {
             let Some(mut seq) = self.seqs[slot].take() else {
                 continue;
             };
-            let why = match std::mem::replace(&mut seq.phase, Phase::Waiting) {
+            let (why, cells_valid) = match std::mem::replace(&mut seq.phase, Phase::Waiting) {
                 Phase::Finishing(End::Finished(reason)) => {
                     seq.send_finished(reason, &self.metrics);
-                    "finished"
+                    ("finished", true)
                 }
                 Phase::Finishing(End::Failed(e)) => {
+                    // A failed step may have left the cells half written.
+                    let valid = !matches!(e, EngineError::Decode(_));
                     seq.send_failed(e);
-                    "failed"
+                    ("failed", valid)
                 }
                 _ => {
                     self.metrics.cancelled_total.inc();
-                    "client disconnected"
+                    ("client disconnected", true)
                 }
             };
-            self.free(slot, why);
+            self.release(slot, why, cells_valid);
         }
     }
 
-    /// Removes a slot's KV cells and gives the slot back.
-    fn free(&mut self, slot: usize, why: &str) {
+    /// Gives a slot back. Its KV cells stay for prompt reuse when the prefix cache is on and
+    /// they hold what the index says; otherwise they are freed.
+    fn release(&mut self, slot: usize, why: &str, cells_valid: bool) {
         self.seqs[slot] = None;
-        self.backend.free(slot);
+        if self.prefix.enabled() && cells_valid {
+            self.backend.close(slot);
+            self.prefix.touch(slot);
+        } else {
+            self.backend.free(slot);
+            self.prefix.clear(slot);
+        }
         self.state.release(slot);
-        tracing::debug!(slot, why, "slot freed");
+        tracing::debug!(slot, why, "slot released");
     }
 
     fn drop_departed(&mut self) {
@@ -403,7 +382,7 @@ impl<B: Backend> Scheduler<'_, B> {
         self.retire_finished();
     }
 
-    fn cancel_all(&mut self) {
+    pub(super) fn cancel_all(&mut self) {
         for seq in self.state.drain_queue() {
             seq.send_failed(EngineError::ShuttingDown);
         }
@@ -426,6 +405,9 @@ impl<B: Backend> Scheduler<'_, B> {
         self.metrics.active_slots.set(active as i64);
         self.metrics.queue_depth.set(queued as i64);
         self.metrics.kv_reserved_cells.set(kv_reserved as i64);
+        let seqs = &self.seqs;
+        let retained = self.prefix.retained(|s| seqs[s].is_none());
+        self.metrics.prefix_retained_cells.set(retained as i64);
         let max_active = self
             .thermal
             .max_active(self.thermal_state, self.state.slots());
@@ -464,7 +446,10 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
         let Phase::Prefill { fed } = seq.phase else {
             continue;
         };
-        let n = (seq.prompt.len() - fed).min(budget);
+        // Chunks end at multiples of the chunk size, wherever the prompt started being fed,
+        // so a reused prefix leaves the rest chunked as it would be without reuse.
+        let to_boundary = prefill_chunk - seq.pos as usize % prefill_chunk;
+        let n = (seq.prompt.len() - fed).min(budget).min(to_boundary);
         if n == 0 {
             continue;
         }

@@ -9,7 +9,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::fake::{Fake, FakeVocab};
 use super::plan::{EnginePlan, STEP_TOKENS};
-use super::scheduler::{spawn, Handle};
+use super::thread::{spawn, Handle};
 use super::{EngineError, Event, FinishReason, GenerationRequest, SamplingParams};
 use crate::http::error::ApiError;
 use crate::metrics::Metrics;
@@ -31,6 +31,7 @@ fn plan(slots: usize, queue: usize) -> EnginePlan {
         n_batch: STEP_TOKENS + slots as u32,
         n_ubatch: STEP_TOKENS,
         threads: 1,
+        prefix_cache: true,
         queue_timeout: Duration::from_secs(10),
     }
 }

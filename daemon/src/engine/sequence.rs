@@ -8,7 +8,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::backend::Vocab;
 use super::state::Waiter;
 use super::text::TextStream;
-use super::{EngineError, Event, FinishReason, GenerationRequest, SamplingParams, Timings, Usage};
+use super::{
+    EngineError, Event, FinishReason, GenerationRequest, PromptTokensDetails, SamplingParams,
+    Timings, Usage,
+};
 use crate::metrics::Metrics;
 
 /// Where a sequence is in its life. Transitions only go forward:
@@ -43,6 +46,8 @@ pub struct Sequence {
     pub events: UnboundedSender<Event>,
     /// Next KV position to feed.
     pub pos: u32,
+    /// Prompt tokens reused from another request's KV cells.
+    cached: u32,
     generated: u32,
     received_at: Instant,
     admitted_at: Option<Instant>,
@@ -70,6 +75,7 @@ impl Sequence {
             text: TextStream::new(request.stop),
             events,
             pos: 0,
+            cached: 0,
             generated: 0,
             received_at: request.received_at,
             admitted_at: None,
@@ -93,6 +99,14 @@ impl Sequence {
                 queue_ms: self.queue_ms,
             })
             .is_ok()
+    }
+
+    /// The first `cached` prompt tokens are already in the slot's KV cells: feeding starts
+    /// after them.
+    pub fn reuse(&mut self, cached: usize) {
+        self.cached = cached as u32;
+        self.pos = cached as u32;
+        self.phase = Phase::Prefill { fed: cached };
     }
 
     pub fn end(&mut self, end: End) {
@@ -150,6 +164,9 @@ impl Sequence {
             prompt_tokens,
             completion_tokens: self.generated,
             total_tokens: prompt_tokens + self.generated,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: self.cached,
+            },
         };
         metrics
             .request_seconds
@@ -174,9 +191,10 @@ impl Sequence {
         let last = self.last_token_at.unwrap_or(first);
         let prompt_ms = ms(first.duration_since(admitted));
         let predicted_ms = ms(last.duration_since(first));
-        let prompt_n = self.prompt.len() as u32;
+        let prompt_n = self.prompt.len() as u32 - self.cached;
         Timings {
             queue_ms: self.queue_ms,
+            cache_n: self.cached,
             prompt_n,
             prompt_ms,
             prompt_per_second: per_second(prompt_n as f64, prompt_ms),

@@ -154,7 +154,17 @@ impl<J: Waiter> State<J> {
     /// that left are discarded on the way; a waiter short of cells blocks those behind it,
     /// so big requests are not starved by small ones.
     pub fn admit(&mut self, now: Instant) -> Option<Admitted<J>> {
-        let slot = self.free_slot()?;
+        self.admit_to(now, |_, free| free[0])
+    }
+
+    /// [`admit`](Self::admit), with `pick` choosing among the free slots (never empty) the
+    /// one the job goes to, e.g. the slot already holding the start of its prompt.
+    pub fn admit_to(
+        &mut self,
+        now: Instant,
+        pick: impl FnOnce(&J, &[usize]) -> usize,
+    ) -> Option<Admitted<J>> {
+        self.free_slot()?;
         while let Some(front) = self.queue.front() {
             if front.job.is_gone() {
                 self.queue.pop_front();
@@ -165,6 +175,13 @@ impl<J: Waiter> State<J> {
                 return None;
             }
             let q = self.queue.pop_front()?;
+            let free: Vec<usize> = (0..self.busy.len()).filter(|&i| !self.busy[i]).collect();
+            let picked = pick(&q.job, &free);
+            let slot = if free.contains(&picked) {
+                picked
+            } else {
+                free[0]
+            };
             self.busy[slot] = true;
             self.reserved[slot] = q.job.kv_cells();
             return Some(Admitted {

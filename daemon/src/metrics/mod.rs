@@ -104,6 +104,11 @@ pub struct Metrics {
     pub prompt_tokens_total: Counter,
     pub generated_tokens_total: Counter,
     pub cancelled_total: Counter,
+    /// Prompt tokens looked up in the prefix cache, and those found resident.
+    pub prefix_lookup_tokens_total: Counter,
+    pub prefix_hit_tokens_total: Counter,
+    /// KV cells idle slots hold for reuse.
+    pub prefix_retained_cells: Gauge,
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
@@ -121,6 +126,9 @@ impl Default for Metrics {
             prompt_tokens_total: Counter::default(),
             generated_tokens_total: Counter::default(),
             cancelled_total: Counter::default(),
+            prefix_lookup_tokens_total: Counter::default(),
+            prefix_hit_tokens_total: Counter::default(),
+            prefix_retained_cells: Gauge::default(),
             ttft_seconds: Histogram::new(LATENCY_BUCKETS),
             inter_token_seconds: Histogram::new(TOKEN_BUCKETS),
             request_seconds: Histogram::new(REQUEST_BUCKETS),
@@ -203,6 +211,21 @@ impl Metrics {
             "Requests stopped because the client disconnected, while running or while queued.",
             self.cancelled_total.get(),
         );
+        w.counter(
+            "inferloop_prefix_cache_lookup_tokens_total",
+            "Prompt tokens of admitted requests looked up in the prefix cache.",
+            self.prefix_lookup_tokens_total.get(),
+        );
+        w.counter(
+            "inferloop_prefix_cache_hit_tokens_total",
+            "Prompt tokens reused from resident KV cells instead of being recomputed.",
+            self.prefix_hit_tokens_total.get(),
+        );
+        w.gauge(
+            "inferloop_prefix_cache_retained_cells",
+            "KV cells that idle slots keep for prompt reuse.",
+            self.prefix_retained_cells.get(),
+        );
         self.ttft_seconds.render(
             &mut w,
             "inferloop_ttft_seconds",
@@ -283,6 +306,15 @@ inferloop_generated_tokens_total 8
 # HELP inferloop_cancelled_total Requests stopped because the client disconnected, while running or while queued.
 # TYPE inferloop_cancelled_total counter
 inferloop_cancelled_total 1
+# HELP inferloop_prefix_cache_lookup_tokens_total Prompt tokens of admitted requests looked up in the prefix cache.
+# TYPE inferloop_prefix_cache_lookup_tokens_total counter
+inferloop_prefix_cache_lookup_tokens_total 0
+# HELP inferloop_prefix_cache_hit_tokens_total Prompt tokens reused from resident KV cells instead of being recomputed.
+# TYPE inferloop_prefix_cache_hit_tokens_total counter
+inferloop_prefix_cache_hit_tokens_total 0
+# HELP inferloop_prefix_cache_retained_cells KV cells that idle slots keep for prompt reuse.
+# TYPE inferloop_prefix_cache_retained_cells gauge
+inferloop_prefix_cache_retained_cells 0
 # HELP inferloop_ttft_seconds Request received to first token sampled.
 # TYPE inferloop_ttft_seconds histogram
 inferloop_ttft_seconds_bucket{le="0.005"} 0

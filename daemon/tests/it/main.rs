@@ -13,6 +13,7 @@ mod input;
 mod lifecycle;
 mod load;
 mod memory;
+mod prefix;
 mod prompt;
 mod stream;
 mod thermal;

@@ -1,0 +1,270 @@
+//! Prompt reuse: which tokens each slot's KV cells hold, and where a new prompt's longest
+//! resident prefix is.
+//!
+//! A slot's cells keep what its last sequence fed after that sequence ends, until the slot
+//! is reused or evicted. At admission the scheduler places a prompt in the free slot that
+//! holds its longest prefix, takes a longer one from any other slot (running or not) when
+//! there is one, and prefills only the rest. The index mirrors the backend exactly: tokens
+//! enter it only once a step that fed them succeeded.
+//!
+//! Reuse must not change a single output token, and llama.cpp's CPU attention computes a
+//! row differently by how it was batched: prompt chunks of 64 rows or more take a tiled
+//! kernel, shorter chunks and decoded tokens a per-row one, and the two round differently.
+//! So a reused row must have been computed the way the same prompt without reuse would
+//! compute it: only prompt rows of tiled chunks are reusable (decoded tokens never are),
+//! prompt chunks end at fixed multiples of the prefill chunk, and a reuse point is chosen
+//! so that the rows after it fall into chunks of the same kind as without reuse
+//! ([`exact_cut`]).
+
+/// Fewer shared tokens than this are recomputed rather than copied from another slot: with
+/// a KV stream per slot, llama.cpp copies a whole stream, which costs about what prefilling
+/// a few dozen tokens does.
+pub const MIN_COPY: usize = 32;
+
+/// Prompt rows at or above this per chunk take llama.cpp's tiled attention kernel
+/// (`GGML_FA_TILE_Q`).
+pub const TILE_ROWS: usize = 64;
+
+#[derive(Debug)]
+pub struct PrefixIndex {
+    enabled: bool,
+    /// The tokens at positions `0..len` of each slot's KV cells.
+    resident: Vec<Vec<i32>>,
+    /// How many leading resident rows were computed as tiled prompt rows: the reusable ones.
+    exact: Vec<usize>,
+    /// When each slot was last taken or released, for least-recently-used choices.
+    used: Vec<u64>,
+    tick: u64,
+}
+
+/// Where a prompt's reusable prefix lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    pub slot: usize,
+    pub len: usize,
+}
+
+impl PrefixIndex {
+    pub fn new(slots: usize, enabled: bool) -> Self {
+        Self {
+            enabled,
+            resident: vec![Vec::new(); slots],
+            exact: vec![0; slots],
+            used: vec![0; slots],
+            tick: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The longest prefix of `prompt` resident in any slot, leaving at least its last token
+    /// to be fed (its logits give the first generated token).
+    pub fn longest(&self, prompt: &[i32]) -> Option<Hit> {
+        if !self.enabled {
+            return None;
+        }
+        let most = prompt.len().saturating_sub(1);
+        self.resident
+            .iter()
+            .enumerate()
+            .map(|(slot, held)| Hit {
+                slot,
+                len: common_prefix(held, prompt).min(self.exact[slot]).min(most),
+            })
+            .filter(|h| h.len > 0)
+            // Longest first; among equals the lowest slot, so choices are reproducible.
+            .max_by(|a, b| a.len.cmp(&b.len).then(b.slot.cmp(&a.slot)))
+    }
+
+    /// Which of the `free` slots (never empty) a prompt should take: the one holding its
+    /// longest prefix, else an empty one, else the least recently used.
+    pub fn choose(&self, prompt: &[i32], free: &[usize]) -> usize {
+        if !self.enabled {
+            return free[0];
+        }
+        let best = free
+            .iter()
+            .map(|&slot| {
+                let len = common_prefix(&self.resident[slot], prompt).min(self.exact[slot]);
+                (len, slot)
+            })
+            .filter(|&(len, _)| len > 0)
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        if let Some((_, slot)) = best {
+            return slot;
+        }
+        free.iter()
+            .copied()
+            .min_by_key(|&slot| (!self.resident[slot].is_empty(), self.used[slot]))
+            .unwrap_or(free[0])
+    }
+
+    /// The slot now holds `tokens` (reused, so reusable) at positions `0..tokens.len()`
+    /// and nothing after.
+    pub fn set(&mut self, slot: usize, tokens: &[i32]) {
+        if !self.enabled {
+            return;
+        }
+        self.resident[slot].clear();
+        self.resident[slot].extend_from_slice(tokens);
+        self.exact[slot] = tokens.len();
+        self.touch(slot);
+    }
+
+    /// A successful step fed `tokens` to the slot, right after what it held: a prompt chunk
+    /// when `prompt`, else a decoded token.
+    pub fn fed(&mut self, slot: usize, tokens: &[i32], prompt: bool) {
+        if !self.enabled {
+            return;
+        }
+        let contiguous = self.exact[slot] == self.resident[slot].len();
+        self.resident[slot].extend_from_slice(tokens);
+        if contiguous && prompt && tokens.len() >= TILE_ROWS {
+            self.exact[slot] = self.resident[slot].len();
+        }
+    }
+
+    /// The slot's cells were dropped.
+    pub fn clear(&mut self, slot: usize) {
+        self.resident[slot].clear();
+        self.exact[slot] = 0;
+    }
+
+    pub fn touch(&mut self, slot: usize) {
+        self.tick += 1;
+        self.used[slot] = self.tick;
+    }
+
+    /// Cells held by slots for which `idle` is true: retained prefixes, not running work.
+    pub fn retained(&self, idle: impl Fn(usize) -> bool) -> u64 {
+        (0..self.resident.len())
+            .filter(|&s| idle(s))
+            .map(|s| self.resident[s].len() as u64)
+            .sum()
+    }
+
+    /// The idle slot holding cells that was used least recently: the next to evict.
+    pub fn least_recent(&self, idle: impl Fn(usize) -> bool) -> Option<usize> {
+        (0..self.resident.len())
+            .filter(|&s| idle(s) && !self.resident[s].is_empty())
+            .min_by_key(|&s| self.used[s])
+    }
+}
+
+/// The longest reuse point `<= len` for a prompt of `n` tokens after which the rows fall
+/// into prompt chunks of the same kind (tiled or not, see [`TILE_ROWS`]) as they would
+/// without reuse, given chunks that end at multiples of `chunk`.
+pub fn exact_cut(len: usize, n: usize, chunk: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let last_start = (n - 1) / chunk * chunk;
+    let mut cut = len.min(n - 1);
+    if cut >= last_start {
+        // Without reuse the last chunk is tiled when it is long enough; with reuse, the
+        // rows after the cut must then still be at least a tile.
+        cut = if n - last_start >= TILE_ROWS {
+            cut.min(n - TILE_ROWS)
+        } else {
+            last_start
+        };
+    }
+    let into = cut % chunk;
+    if cut < last_start && chunk - into < TILE_ROWS {
+        cut = cut - into + chunk - TILE_ROWS;
+    }
+    cut
+}
+
+fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_resident_prefix_wins_and_the_last_token_is_always_fed() {
+        let mut p = PrefixIndex::new(3, true);
+        p.set(0, &[1, 2, 3]);
+        p.set(1, &[1, 2, 3, 4, 5]);
+        p.set(2, &[9]);
+        p.fed(1, &[7], false);
+        assert_eq!(p.longest(&[1, 2, 3, 4, 6]), Some(Hit { slot: 1, len: 4 }));
+        assert_eq!(
+            p.longest(&[1, 2, 3, 4, 5]),
+            Some(Hit { slot: 1, len: 4 }),
+            "an identical prompt still feeds its last token"
+        );
+        assert_eq!(p.longest(&[7, 7]), None);
+    }
+
+    #[test]
+    fn a_prompt_goes_to_the_free_slot_holding_its_prefix_else_an_empty_one_else_the_oldest() {
+        let mut p = PrefixIndex::new(4, true);
+        p.set(0, &[1, 2]);
+        p.set(1, &[5, 6]);
+        p.set(2, &[8]);
+        assert_eq!(p.choose(&[5, 6, 7], &[0, 1, 2, 3]), 1);
+        assert_eq!(p.choose(&[4], &[0, 1, 2, 3]), 3, "the empty slot");
+        assert_eq!(p.choose(&[4], &[0, 1, 2]), 0, "the least recently used");
+        p.touch(0);
+        assert_eq!(p.choose(&[4], &[0, 1, 2]), 1);
+    }
+
+    #[test]
+    fn fed_tokens_extend_what_a_slot_holds_and_idle_slots_count_as_retained() {
+        let mut p = PrefixIndex::new(2, true);
+        p.set(0, &[1]);
+        p.fed(0, &[2; TILE_ROWS], true);
+        p.fed(0, &[3; TILE_ROWS - 1], true);
+        p.fed(0, &[4], false);
+        p.set(1, &[4, 5]);
+        let mut prompt = vec![1];
+        prompt.extend([2; TILE_ROWS]);
+        prompt.extend([3; TILE_ROWS - 1]);
+        prompt.extend([4, 4]);
+        assert_eq!(
+            p.longest(&prompt),
+            Some(Hit {
+                slot: 0,
+                len: 1 + TILE_ROWS
+            }),
+            "a short chunk and a decoded token are not reusable"
+        );
+        assert_eq!(p.retained(|s| s == 1), 2);
+        assert_eq!(p.retained(|s| s == 0), 2 * TILE_ROWS as u64 + 1);
+        assert_eq!(p.least_recent(|_| true), Some(0));
+        p.clear(0);
+        assert_eq!(p.least_recent(|_| true), Some(1));
+    }
+
+    #[test]
+    fn disabled_it_finds_nothing_and_takes_the_first_free_slot() {
+        let mut p = PrefixIndex::new(2, false);
+        p.set(1, &[1, 2, 3]);
+        assert_eq!(p.longest(&[1, 2, 3, 4]), None);
+        assert_eq!(p.choose(&[1, 2, 3, 4], &[0, 1]), 0);
+        assert_eq!(p.retained(|_| true), 0);
+    }
+
+    #[test]
+    fn a_reuse_point_leaves_the_rows_after_it_in_chunks_of_the_same_kind() {
+        // 380 tokens: one tiled chunk without reuse, so at least a tile is recomputed.
+        assert_eq!(exact_cut(375, 380, 512), 380 - TILE_ROWS);
+        assert_eq!(exact_cut(200, 380, 512), 200);
+        // 530 tokens: a full chunk, then 18 rows computed per row; reuse stops at 512.
+        assert_eq!(exact_cut(525, 530, 512), 512);
+        // Inside a full chunk, the rest of the chunk must still be a tile.
+        assert_eq!(exact_cut(500, 700, 512), 512 - TILE_ROWS);
+        assert_eq!(exact_cut(600, 700, 512), 600);
+        assert_eq!(
+            exact_cut(10, 20, 512),
+            0,
+            "a short prompt is one short chunk"
+        );
+    }
+}

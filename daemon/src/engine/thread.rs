@@ -1,0 +1,157 @@
+//! The scheduler's thread and its handle: requests go in as commands, the load comes out
+//! through a shared cell, and the thread builds its backend itself.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::backend::{Backend, Vocab};
+use super::plan::EnginePlan;
+use super::scheduler::Scheduler;
+use super::{EngineError, Event, GenerationRequest, Load};
+use crate::metrics::Metrics;
+use crate::thermal::ThermalGate;
+
+pub(super) enum Command {
+    Submit {
+        request: GenerationRequest,
+        events: mpsc::UnboundedSender<Event>,
+        accepted: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Shutdown,
+}
+
+/// The scheduler thread's handle: send work, read the load, stop it. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Handle {
+    tx: Sender<Command>,
+    load: Arc<Mutex<Load>>,
+    /// Set once the thread has returned (its backend dropped).
+    stopped: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// What the thread body gets: everything but the backend, which it builds itself (a
+/// llama.cpp context borrows the model and must live on the thread that uses it).
+pub(super) struct Runner {
+    rx: Receiver<Command>,
+    ready: Sender<Result<(), EngineError>>,
+    plan: EnginePlan,
+    metrics: Arc<Metrics>,
+    load: Arc<Mutex<Load>>,
+    thermal: ThermalGate,
+}
+
+impl Runner {
+    /// Reports a backend that could not be built; `spawn` returns this error.
+    pub fn fail(self, error: EngineError) {
+        if self.ready.send(Err(error)).is_err() {
+            tracing::debug!("start-up abandoned before its failure was reported");
+        }
+    }
+
+    /// Serves with `backend` until shutdown.
+    pub fn run<B: Backend>(self, backend: B, vocab: &dyn Vocab) {
+        let mut s = Scheduler::new(
+            backend,
+            vocab,
+            self.plan,
+            self.metrics,
+            self.load,
+            self.thermal,
+        );
+        if self.ready.send(Ok(())).is_err() {
+            return;
+        }
+        tracing::debug!(backend = s.name(), "scheduler started");
+        s.run_loop(&self.rx);
+        s.cancel_all();
+        tracing::debug!("scheduler stopped");
+    }
+}
+
+/// Starts the scheduler thread; `body` builds the backend and calls [`Runner::run`].
+/// Returns once the backend exists, so its failure is a start-up failure.
+pub(super) fn spawn(
+    plan: EnginePlan,
+    metrics: Arc<Metrics>,
+    thermal: ThermalGate,
+    body: impl FnOnce(Runner) + Send + 'static,
+) -> Result<Handle, EngineError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ready, ready_rx) = std::sync::mpsc::channel();
+    let load = Arc::new(Mutex::new(Load {
+        max_active: plan.slots,
+        ..Load::default()
+    }));
+    let stopped = Arc::new((Mutex::new(false), Condvar::new()));
+    let runner = Runner {
+        rx,
+        ready,
+        plan,
+        metrics,
+        load: load.clone(),
+        thermal,
+    };
+    let thread_stopped = stopped.clone();
+    std::thread::Builder::new()
+        .name("inferloop-decode".into())
+        .spawn(move || {
+            body(runner);
+            let (done, cv) = &*thread_stopped;
+            if let Ok(mut d) = done.lock() {
+                *d = true;
+            }
+            cv.notify_all();
+        })
+        .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(Handle { tx, load, stopped }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(EngineError::Context(
+            "decode thread exited during start-up".into(),
+        )),
+    }
+}
+
+impl Handle {
+    pub fn load(&self) -> Load {
+        self.load.lock().map(|l| *l).unwrap_or_default()
+    }
+
+    /// Queues a request; resolves once the scheduler accepted or refused it.
+    pub async fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (accepted, accepted_rx) = oneshot::channel();
+        self.tx
+            .send(Command::Submit {
+                request,
+                events,
+                accepted,
+            })
+            .map_err(|_| EngineError::ShuttingDown)?;
+        accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
+        Ok(rx)
+    }
+
+    pub fn shutdown(&self) {
+        // A send error means the thread is already gone, which is the goal.
+        if self.tx.send(Command::Shutdown).is_err() {
+            tracing::debug!("decode thread already stopped");
+        }
+    }
+
+    pub fn wait_stopped(&self, timeout: Duration) -> bool {
+        let (done, cv) = &*self.stopped;
+        let Ok(guard) = done.lock() else {
+            return false;
+        };
+        cv.wait_timeout_while(guard, timeout, |d| !*d)
+            .map(|(d, _)| *d)
+            .unwrap_or(false)
+    }
+}

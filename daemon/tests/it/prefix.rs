@@ -1,0 +1,251 @@
+//! Prompt reuse on the real model: with the prefix cache on, temperature-0 text is the same
+//! as with it off, and reuse is visible in usage, timings and metrics.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::{metric, stream_text, text_of, Daemon};
+
+/// A long, fixed system prompt: what appliances resend with every request.
+fn system_prompt() -> String {
+    let rules = [
+        "Answer in one short sentence.",
+        "Prefer plain words over jargon.",
+        "Never invent facts about the device.",
+        "When unsure, say so and suggest a check.",
+        "Quote numbers with their units.",
+    ];
+    let mut s = String::from("You are the assistant of a field appliance. ");
+    for i in 0..30 {
+        s.push_str(&format!("Rule {}: {} ", i + 1, rules[i % rules.len()]));
+    }
+    s
+}
+
+fn chat(question: &str, stream: bool) -> Value {
+    json!({
+        "messages": [
+            {"role": "system", "content": system_prompt()},
+            {"role": "user", "content": question},
+        ],
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": stream,
+        "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+    })
+}
+
+fn completion(prompt: &str, stream: bool) -> Value {
+    json!({
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": stream,
+        "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+    })
+}
+
+/// Text and cached prompt tokens of one request, streamed or not.
+async fn ask(d: &Daemon, path: &str, body: &Value) -> (String, u64) {
+    if body["stream"] == true {
+        let chunks = d.stream(path, body).await;
+        let usage = chunks
+            .iter()
+            .rev()
+            .find(|c| c["usage"].is_object())
+            .map(|c| c["usage"].clone())
+            .unwrap_or_else(|| panic!("no usage chunk in {chunks:?}"));
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached_tokens");
+        (stream_text(&chunks), cached)
+    } else {
+        let v = d.post_ok(path, body).await;
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached_tokens");
+        assert_eq!(
+            v["timings"]["cache_n"].as_u64(),
+            Some(cached),
+            "timings.cache_n agrees with usage: {v}"
+        );
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+        assert_eq!(
+            v["timings"]["prompt_n"].as_u64(),
+            Some(prompt_tokens - cached),
+            "prompt_n counts only evaluated tokens: {v}"
+        );
+        (text_of(&v), cached)
+    }
+}
+
+/// The requests of the exactness check, in order: shared prefixes, prefixes that diverge
+/// mid-way, streamed and not, chat and completions.
+fn workload() -> Vec<(&'static str, Value)> {
+    let long = format!("{} The device reports", system_prompt());
+    vec![
+        ("/v1/chat/completions", chat("What does the fan do?", false)),
+        ("/v1/chat/completions", chat("What does the fan do?", true)),
+        ("/v1/chat/completions", chat("Why is the LED blue?", false)),
+        ("/v1/chat/completions", chat("Why is the LED blue?", true)),
+        (
+            "/v1/completions",
+            completion(&format!("{long} a temperature of"), false),
+        ),
+        (
+            "/v1/completions",
+            completion(&format!("{long} a voltage of"), true),
+        ),
+        (
+            "/v1/completions",
+            completion(&format!("{long} a temperature of"), true),
+        ),
+        (
+            "/v1/completions",
+            completion("Something else entirely:", false),
+        ),
+        // Longer than one 512-token chunk, diverging after it.
+        (
+            "/v1/completions",
+            completion(&format!("{long} {long} a fan speed of"), false),
+        ),
+        (
+            "/v1/completions",
+            completion(&format!("{long} {long} a fan noise of"), true),
+        ),
+        // A chat resent with its history, as chat clients do.
+        (
+            "/v1/chat/completions",
+            turn(&["What does the fan do?"], false),
+        ),
+        (
+            "/v1/chat/completions",
+            turn(&["What does the fan do?", "And the LED?"], true),
+        ),
+        (
+            "/v1/chat/completions",
+            turn(&["What does the fan do?", "And the LED?", "Thanks."], false),
+        ),
+    ]
+}
+
+/// A chat whose earlier answers are fixed text, so both daemons see the same history.
+fn turn(questions: &[&str], stream: bool) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": system_prompt()})];
+    for (i, q) in questions.iter().enumerate() {
+        if i > 0 {
+            messages.push(json!({"role": "assistant", "content": format!("Answer number {i}.")}));
+        }
+        messages.push(json!({"role": "user", "content": q}));
+    }
+    let mut body = chat("", stream);
+    body["messages"] = json!(messages);
+    body
+}
+
+#[tokio::test]
+async fn reuse_on_gives_the_same_text_as_reuse_off_and_reports_the_cached_tokens() {
+    let args = ["--slots", "2", "--ctx", "1024"];
+    let on = Daemon::start(&args);
+    let off = Daemon::start(&[&args[..], &["--prefix-cache", "off"]].concat());
+    let mut hits = 0;
+    for (i, (path, body)) in workload().iter().enumerate() {
+        let (text_on, cached_on) = ask(&on, path, body).await;
+        let (text_off, cached_off) = ask(&off, path, body).await;
+        assert_eq!(
+            text_on, text_off,
+            "request {i} ({path}) differs with reuse on"
+        );
+        assert_eq!(
+            cached_off, 0,
+            "request {i}: nothing is reused with the cache off"
+        );
+        if i > 0 && cached_on > 0 {
+            hits += 1;
+        }
+    }
+    assert!(
+        hits >= 9,
+        "most requests after the first reuse a prefix ({hits})"
+    );
+    let status = on.status().await;
+    let cache = &status["prefix_cache"];
+    assert_eq!(cache["enabled"], true);
+    assert!(cache["hit_rate"].as_f64().unwrap_or(0.0) > 0.5, "{cache}");
+    let metrics = on.metrics().await;
+    assert!(metric(&metrics, "inferloop_prefix_cache_hit_tokens_total") > 0.0);
+    assert!(metric(&metrics, "inferloop_prefix_cache_retained_cells") > 0.0);
+    assert_eq!(off.status().await["prefix_cache"]["enabled"], false);
+}
+
+#[tokio::test]
+async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
+    let on = Daemon::start(&["--slots", "2", "--ctx", "1024"]);
+    let off = Daemon::start(&["--slots", "2", "--ctx", "1024", "--prefix-cache", "off"]);
+    // The first request keeps its slot busy while the second arrives with the same system
+    // prompt: the second lands in the other slot and copies the prefix from the first.
+    let long = {
+        let mut b = chat("Tell me a long story about the fan.", true);
+        b["max_tokens"] = json!(400);
+        b
+    };
+    let busy = tokio::spawn({
+        let url = on.url("/v1/chat/completions");
+        let body = long.clone();
+        async move {
+            crate::harness::http()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    on.wait_status(Duration::from_secs(60), "the long request running", |s| {
+        s["slots"]["active"] == 1 && s["kv"]["reserved"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let body = chat("What does the fan do?", false);
+    let (text_on, cached) = ask(&on, "/v1/chat/completions", &body).await;
+    let (text_off, _) = ask(&off, "/v1/chat/completions", &body).await;
+    assert_eq!(text_on, text_off);
+    assert!(
+        cached >= 100,
+        "the system prompt came from the busy slot: {cached} cached tokens"
+    );
+    busy.abort();
+}
+
+#[tokio::test]
+async fn a_full_shared_pool_with_retained_prefixes_admits_new_work_at_once() {
+    // 2 slots share 900 cells: after the first request its ~400 cells stay retained, and
+    // a second request reserving ~530 cells must still start at once, evicting them.
+    let args = ["--slots", "2", "--ctx", "640", "--kv-cells", "900"];
+    let on = Daemon::start(&args);
+    let off = Daemon::start(&[&args[..], &["--prefix-cache", "off"]].concat());
+    let first = completion(&format!("{} The device reports", system_prompt()), false);
+    let (_, _) = ask(&on, "/v1/completions", &first).await;
+    let metrics = on.metrics().await;
+    let retained = metric(&metrics, "inferloop_prefix_cache_retained_cells");
+    assert!(
+        retained > 200.0,
+        "the first prompt is retained ({retained})"
+    );
+    let mut second = completion(&format!("Unrelated. {}", system_prompt()), false);
+    second["max_tokens"] = json!(150);
+    let v = on.post_ok("/v1/completions", &second).await;
+    let queue_ms = v["timings"]["queue_ms"].as_f64().expect("queue_ms");
+    assert!(
+        queue_ms < 100.0,
+        "waited {queue_ms} ms behind a retained prefix"
+    );
+    let off_v = off.post_ok("/v1/completions", &second).await;
+    assert_eq!(text_of(&v), text_of(&off_v));
+    let after = metric(&on.metrics().await, "inferloop_prefix_cache_retained_cells");
+    assert!(
+        after <= 900.0,
+        "retained cells stay within the pool ({after})"
+    );
+}
