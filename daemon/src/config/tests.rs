@@ -473,3 +473,31 @@ fn out_of_range_values_name_the_field() {
     let err = ServeConfig::resolve(None, flags, ServeLayer::default()).expect_err("0 slots");
     assert!(err.to_string().contains("`slots`"), "{err}");
 }
+
+#[test]
+fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
+    let resolve = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
+        ServeConfig::resolve(file_layer, flags, env_layer)
+            .expect("valid")
+            .prefix_cache
+    };
+    assert!(resolve(None, ServeLayer::default(), ServeLayer::default()));
+    assert!(!resolve(
+        Some(file("prefix_cache = \"off\"\n")),
+        ServeLayer::default(),
+        ServeLayer::default()
+    ));
+    assert!(!resolve(
+        None,
+        ServeLayer::default(),
+        env(&[("INFERLOOP_PREFIX_CACHE", "OFF")])
+    ));
+    let on = ServeLayer {
+        prefix_cache: Some(Switch::On),
+        ..ServeLayer::default()
+    };
+    assert!(resolve(None, on, env(&[("INFERLOOP_PREFIX_CACHE", "off")])));
+    let err = ServeLayer::from_env(|k| (k == "INFERLOOP_PREFIX_CACHE").then(|| "maybe".into()))
+        .expect_err("neither on nor off");
+    assert!(err.to_string().contains("INFERLOOP_PREFIX_CACHE"), "{err}");
+}

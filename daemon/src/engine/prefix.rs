@@ -25,6 +25,11 @@ pub const MIN_COPY: usize = 32;
 /// (`GGML_FA_TILE_Q`).
 pub const TILE_ROWS: usize = 64;
 
+/// The last rows of a prompt are fed as a run of their own, after its tiled runs: a
+/// request reusing another's prompt up to its own last few tokens then computes those
+/// exactly as it would without reuse, instead of a whole tile.
+pub const TAIL_ROWS: usize = 16;
+
 #[derive(Debug)]
 pub struct PrefixIndex {
     enabled: bool,
@@ -126,6 +131,11 @@ impl PrefixIndex {
         }
     }
 
+    /// How much of `prompt` the slot holds in reusable rows now.
+    pub fn reusable(&self, slot: usize, prompt: &[i32]) -> usize {
+        common_prefix(&self.resident[slot], prompt).min(self.exact[slot])
+    }
+
     /// The slot's cells were dropped.
     pub fn clear(&mut self, slot: usize) {
         self.resident[slot].clear();
@@ -153,32 +163,42 @@ impl PrefixIndex {
     }
 }
 
-/// The longest reuse point `<= len` for a prompt of `n` tokens after which the rows fall
-/// into prompt chunks of the same kind (tiled or not, see [`TILE_ROWS`]) as they would
-/// without reuse, given chunks that end at multiples of `chunk`.
-pub fn exact_cut(len: usize, n: usize, chunk: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let last_start = (n - 1) / chunk * chunk;
-    let mut cut = len.min(n - 1);
-    if cut >= last_start {
-        // Without reuse the last chunk is tiled when it is long enough; with reuse, the
-        // rows after the cut must then still be at least a tile.
-        cut = if n - last_start >= TILE_ROWS {
-            cut.min(n - TILE_ROWS)
-        } else {
-            last_start
-        };
-    }
-    let into = cut % chunk;
-    if cut < last_start && chunk - into < TILE_ROWS {
-        cut = cut - into + chunk - TILE_ROWS;
-    }
-    cut
+/// Where the last [`TAIL_ROWS`] of a prompt of `n` tokens start, when they are fed as a run
+/// of their own (so that a reused prefix ending there leaves the same run to compute).
+pub fn tail_start(n: usize) -> Option<usize> {
+    (n >= TILE_ROWS + TAIL_ROWS).then(|| n - TAIL_ROWS)
 }
 
-fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+/// The longest reuse point `<= len` for a prompt of `n` tokens after which every row is
+/// computed by the same kind of attention run (tiled or not) as without reuse. Without
+/// reuse a prompt is fed in runs that end at multiples of `chunk` and at
+/// [`tail_start`]; a run of [`TILE_ROWS`] or more is tiled.
+pub fn exact_cut(len: usize, n: usize, chunk: usize) -> usize {
+    let cut = len.min(n.saturating_sub(1));
+    let tail = tail_start(n);
+    // The run [start, end) holding `cut` when fed without reuse.
+    let start = (cut / chunk * chunk).max(tail.filter(|&t| t <= cut).unwrap_or(0));
+    let end = ((cut / chunk + 1) * chunk)
+        .min(n)
+        .min(tail.filter(|&t| t > cut).unwrap_or(n));
+    // A short run before the tail is computed row by row; reused rows are tiled ones.
+    if let Some(t) = tail {
+        let base = t / chunk * chunk;
+        if t > base && t - base < TILE_ROWS && cut > base {
+            return base;
+        }
+    }
+    if cut == start {
+        cut
+    } else if end - start >= TILE_ROWS {
+        cut.min(end - TILE_ROWS)
+    } else {
+        start
+    }
+}
+
+/// How many leading tokens two sequences share.
+pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -252,19 +272,20 @@ mod tests {
     }
 
     #[test]
-    fn a_reuse_point_leaves_the_rows_after_it_in_chunks_of_the_same_kind() {
-        // 380 tokens: one tiled chunk without reuse, so at least a tile is recomputed.
-        assert_eq!(exact_cut(375, 380, 512), 380 - TILE_ROWS);
-        assert_eq!(exact_cut(200, 380, 512), 200);
-        // 530 tokens: a full chunk, then 18 rows computed per row; reuse stops at 512.
+    fn a_reuse_point_leaves_the_rows_after_it_in_runs_of_the_same_kind() {
+        // 380 tokens: a tiled run [0, 364) and the tail [364, 380).
+        assert_eq!(exact_cut(375, 380, 512), 364);
+        assert_eq!(exact_cut(364, 380, 512), 364);
+        assert_eq!(exact_cut(300, 380, 512), 300);
+        assert_eq!(exact_cut(320, 380, 512), 364 - TILE_ROWS);
+        // 530 tokens: [0, 512) tiled, [512, 514) row by row, tail [514, 530).
         assert_eq!(exact_cut(525, 530, 512), 512);
-        // Inside a full chunk, the rest of the chunk must still be a tile.
+        // 700 tokens: [0, 512), [512, 684) tiled, tail [684, 700).
         assert_eq!(exact_cut(500, 700, 512), 512 - TILE_ROWS);
         assert_eq!(exact_cut(600, 700, 512), 600);
-        assert_eq!(
-            exact_cut(10, 20, 512),
-            0,
-            "a short prompt is one short chunk"
-        );
+        assert_eq!(exact_cut(699, 700, 512), 684);
+        assert_eq!(exact_cut(10, 20, 512), 0, "a short prompt is one short run");
+        assert_eq!(tail_start(79), None);
+        assert_eq!(tail_start(80), Some(64));
     }
 }

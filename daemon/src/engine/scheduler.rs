@@ -15,13 +15,15 @@ use inferloop_thermal::ThermalState;
 
 use super::backend::{Backend, StepPlan, Vocab, Work};
 use super::plan::EnginePlan;
-use super::prefix::{exact_cut, Hit, PrefixIndex, MIN_COPY};
+use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
 use super::thread::Command;
 use super::{EngineError, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
+
+mod reuse;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
@@ -205,81 +207,24 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.metrics
                 .prompt_tokens_total
                 .inc_by(seq.prompt.len() as u64);
-            let cached = self.reuse_prefix(slot, &seq.prompt);
+            seq.awaiting = self.prefix_in_flight(slot, &seq.prompt);
+            let cached = match seq.awaiting {
+                // Prefilled by the other request in a step or two: wait for it.
+                Some(_) => self.reuse_prefix(slot, &[]),
+                None => self.reuse_prefix(slot, &seq.prompt),
+            };
+            self.metrics
+                .prefix_lookup_tokens_total
+                .inc_by(seq.prompt.len() as u64);
             seq.reuse(cached);
             self.seqs[slot] = Some(seq);
             self.evict_for_pool();
         }
     }
 
-    /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
-    /// or shared from another slot) and drops the rest of what the slot held. Returns the
-    /// number of prompt tokens that need no prefill.
-    fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
-        if !self.prefix.enabled() {
-            return 0;
-        }
-        self.metrics
-            .prefix_lookup_tokens_total
-            .inc_by(prompt.len() as u64);
-        let chunk = self.plan.prefill_chunk as usize;
-        let hit = self
-            .prefix
-            .longest(prompt)
-            .map(|h| Hit {
-                len: exact_cut(h.len, prompt.len(), chunk),
-                ..h
-            })
-            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= MIN_COPY));
-        let len = match hit {
-            Some(h) if h.slot != slot => {
-                match self.backend.share_prefix(h.slot, slot, h.len as u32) {
-                    Ok(()) => h.len,
-                    Err(e) => {
-                        tracing::warn!(from = h.slot, to = slot, error = %e, "prefix not shared; prefilling it");
-                        self.backend.truncate(slot, 0);
-                        0
-                    }
-                }
-            }
-            own => {
-                let len = own.map_or(0, |h| h.len);
-                self.backend.truncate(slot, len as u32);
-                len
-            }
-        };
-        self.prefix.set(slot, &prompt[..len]);
-        self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
-        len
-    }
-
-    /// With one shared KV pool, cells retained by idle slots must leave room for what the
-    /// running requests reserved: evict least recently used prefixes until they do, so a
-    /// retained prefix never makes a request wait or a step run out of cells.
-    fn evict_for_pool(&mut self) {
-        if !self.plan.shared_kv {
-            // A KV stream per slot: a prefix lives in its slot's own cells and is
-            // overwritten when the slot is reused.
-            return;
-        }
-        let capacity = u64::from(self.plan.kv_cells);
-        loop {
-            let seqs = &self.seqs;
-            let idle = |s: usize| seqs[s].is_none();
-            if self.state.kv_reserved() + self.prefix.retained(idle) <= capacity {
-                return;
-            }
-            let Some(victim) = self.prefix.least_recent(idle) else {
-                return;
-            };
-            self.backend.truncate(victim, 0);
-            self.prefix.clear(victim);
-            tracing::debug!(slot = victim, "retained prefix evicted");
-        }
-    }
-
     /// One step over every active sequence, then its outcomes applied in plan order.
     fn step(&mut self) {
+        self.resolve_awaiting();
         let plan = plan_step(&self.seqs, self.plan.prefill_chunk as usize);
         if plan.is_empty() {
             return;
@@ -446,9 +391,16 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
         let Phase::Prefill { fed } = seq.phase else {
             continue;
         };
+        if seq.awaiting.is_some() {
+            continue;
+        }
         // Chunks end at multiples of the chunk size, wherever the prompt started being fed,
         // so a reused prefix leaves the rest chunked as it would be without reuse.
-        let to_boundary = prefill_chunk - seq.pos as usize % prefill_chunk;
+        let pos = seq.pos as usize;
+        let to_boundary = match tail_start(seq.prompt.len()) {
+            Some(t) if pos < t => (t - pos).min(prefill_chunk - pos % prefill_chunk),
+            _ => prefill_chunk - pos % prefill_chunk,
+        };
         let n = (seq.prompt.len() - fed).min(budget).min(to_boundary);
         if n == 0 {
             continue;

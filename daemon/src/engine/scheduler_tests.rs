@@ -406,3 +406,72 @@ impl Event {
         }
     }
 }
+
+#[tokio::test]
+async fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
+    let r = rig(plan(2, 2));
+    let mut first = r.engine.submit(request(300, 2)).await.expect("slot");
+    assert!(
+        matches!(last(&mut first).await.1, Event::Finished { usage, .. }
+        if usage.prompt_tokens_details.cached_tokens == 0)
+    );
+    // Same prompt again: the idle slot that holds it takes it, all but the last tile reused.
+    let mut again = r.engine.submit(request(300, LONG)).await.expect("slot");
+    while !matches!(next(&mut again).await, Event::Text(_)) {}
+    // While that one runs, a third copies the prefix from its slot into the other.
+    let mut third = r.engine.submit(request(300, 2)).await.expect("slot");
+    match last(&mut third).await.1 {
+        Event::Finished { usage, timings, .. } => {
+            assert_eq!(usage.prompt_tokens_details.cached_tokens, 284);
+            assert_eq!((timings.cache_n, timings.prompt_n), (284, 16));
+        }
+        other => panic!("expected Finished, got {other:?}"),
+    }
+    let log = r.fake.log();
+    assert!(log.truncated.contains(&(0, 284)), "{log:?}");
+    assert_eq!(log.shared, vec![(0, 1, 284)]);
+}
+
+#[tokio::test]
+async fn requests_arriving_together_with_one_prompt_compute_it_once() {
+    let r = rig(plan(4, 4));
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(r.engine.submit(request(600, 2)).await.expect("slot"));
+    }
+    let mut cached = Vec::new();
+    for rx in &mut streams {
+        match last(rx).await.1 {
+            Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
+            other => panic!("expected Finished, got {other:?}"),
+        }
+    }
+    cached.sort_unstable();
+    assert_eq!(cached[0], 0, "one computes the prompt");
+    assert!(
+        cached[1..].iter().all(|&c| c >= 512),
+        "three reuse it (all but the last tile, or the first chunk if they arrived after it): {cached:?}"
+    );
+    assert_eq!(r.fake.log().shared.len(), 3);
+}
+
+#[tokio::test]
+async fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
+    let mut p = plan(1, 1);
+    p.prefix_cache = false;
+    let r = rig(p);
+    for _ in 0..2 {
+        let mut rx = r.engine.submit(request(300, 2)).await.expect("slot");
+        assert!(
+            matches!(last(&mut rx).await.1, Event::Finished { usage, .. }
+            if usage.prompt_tokens_details.cached_tokens == 0)
+        );
+    }
+    let log = r.fake.log();
+    assert!(log.shared.is_empty());
+    assert_eq!(
+        log.truncated,
+        vec![(0, 0), (0, 0)],
+        "freed after each request"
+    );
+}

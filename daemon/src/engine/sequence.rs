@@ -48,6 +48,9 @@ pub struct Sequence {
     pub pos: u32,
     /// Prompt tokens reused from another request's KV cells.
     cached: u32,
+    /// (slot, tokens): another request is prefilling this many tokens of the same prompt;
+    /// this one feeds nothing until it can reuse them.
+    pub awaiting: Option<(usize, usize)>,
     generated: u32,
     received_at: Instant,
     admitted_at: Option<Instant>,
@@ -76,6 +79,7 @@ impl Sequence {
             events,
             pos: 0,
             cached: 0,
+            awaiting: None,
             generated: 0,
             received_at: request.received_at,
             admitted_at: None,

@@ -1,0 +1,122 @@
+//! The scheduler's prompt reuse: which prefix an admitted request takes and from where,
+//! requests waiting for a prefix another is computing, and eviction from a shared pool.
+
+use super::super::backend::Backend;
+use super::super::prefix::{common_prefix, exact_cut, Hit, MIN_COPY, TILE_ROWS};
+use super::super::sequence::Phase;
+use super::Scheduler;
+
+impl<B: Backend> Scheduler<'_, B> {
+    /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
+    /// or shared from another slot) and drops the rest of what the slot held. Returns the
+    /// number of prompt tokens that need no prefill.
+    pub(super) fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
+        if !self.prefix.enabled() {
+            return 0;
+        }
+        let chunk = self.plan.prefill_chunk as usize;
+        let hit = self
+            .prefix
+            .longest(prompt)
+            .map(|h| Hit {
+                len: exact_cut(h.len, prompt.len(), chunk),
+                ..h
+            })
+            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= MIN_COPY));
+        let len = match hit {
+            Some(h) if h.slot != slot => {
+                match self.backend.share_prefix(h.slot, slot, h.len as u32) {
+                    Ok(()) => h.len,
+                    Err(e) => {
+                        tracing::warn!(from = h.slot, to = slot, error = %e, "prefix not shared; prefilling it");
+                        self.backend.truncate(slot, 0);
+                        0
+                    }
+                }
+            }
+            own => {
+                let len = own.map_or(0, |h| h.len);
+                self.backend.truncate(slot, len as u32);
+                len
+            }
+        };
+        self.prefix.set(slot, &prompt[..len]);
+        self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
+        len
+    }
+
+    /// A request still prefilling the start of `prompt`, when it will hold clearly more of
+    /// it than any slot does now: (its slot, the tokens to reuse once they are in). Requests
+    /// that arrive together with one system prompt then compute it once, not once each.
+    pub(super) fn prefix_in_flight(&self, slot: usize, prompt: &[i32]) -> Option<(usize, usize)> {
+        if !self.prefix.enabled() {
+            return None;
+        }
+        let (n, chunk) = (prompt.len(), self.plan.prefill_chunk as usize);
+        let resident = self
+            .prefix
+            .longest(prompt)
+            .map_or(0, |h| exact_cut(h.len, n, chunk));
+        let (src, len) = self
+            .seqs
+            .iter()
+            .enumerate()
+            .filter_map(|(s, q)| q.as_ref().map(|q| (s, q)))
+            .filter(|&(s, q)| {
+                s != slot && matches!(q.phase, Phase::Prefill { .. }) && q.awaiting.is_none()
+            })
+            .map(|(s, q)| (s, exact_cut(common_prefix(&q.prompt, prompt), n, chunk)))
+            .max_by_key(|&(s, len)| (len, std::cmp::Reverse(s)))?;
+        (len >= resident + TILE_ROWS).then_some((src, len))
+    }
+
+    /// Sequences waiting for another's prefill take what it computed once it is in, or once
+    /// that request stopped prefilling (finished, failed or decoding).
+    pub(super) fn resolve_awaiting(&mut self) {
+        for slot in 0..self.seqs.len() {
+            let Some((src, len)) = self.seqs[slot].as_ref().and_then(|q| q.awaiting) else {
+                continue;
+            };
+            let Some(seq) = self.seqs[slot].as_ref() else {
+                continue;
+            };
+            let src_prefilling = self.seqs[src]
+                .as_ref()
+                .is_some_and(|q| matches!(q.phase, Phase::Prefill { .. }));
+            if src_prefilling && self.prefix.reusable(src, &seq.prompt) < len {
+                continue;
+            }
+            let prompt = seq.prompt.clone();
+            let cached = self.reuse_prefix(slot, &prompt);
+            if let Some(seq) = self.seqs[slot].as_mut() {
+                seq.awaiting = None;
+                seq.reuse(cached);
+            }
+        }
+    }
+
+    /// With one shared KV pool, cells retained by idle slots must leave room for what the
+    /// running requests reserved: evict least recently used prefixes until they do, so a
+    /// retained prefix never makes a request wait or a step run out of cells.
+    pub(super) fn evict_for_pool(&mut self) {
+        if !self.plan.shared_kv {
+            // A KV stream per slot: a prefix lives in its slot's own cells and is
+            // overwritten when the slot is reused.
+            return;
+        }
+        let capacity = u64::from(self.plan.kv_cells);
+        loop {
+            let seqs = &self.seqs;
+            let idle = |s: usize| seqs[s].is_none();
+            if self.state.kv_reserved() + self.prefix.retained(idle) <= capacity {
+                return;
+            }
+            let Some(victim) = self.prefix.least_recent(idle) else {
+                return;
+            };
+            self.backend.truncate(victim, 0);
+            self.prefix.clear(victim);
+            tracing::debug!(slot = victim, "retained prefix evicted");
+        }
+    }
+}
