@@ -44,6 +44,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "memory_budget_mb",
     "memory_margin_mb",
     "kv_cells",
+    "prefix_cache",
     "board",
     "sysfs_root",
     "proc_root",
