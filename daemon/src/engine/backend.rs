@@ -66,9 +66,8 @@ impl Work<'_> {
     }
 }
 
-/// Everything one step computes, in order: decoding sequences first, then prompt chunks.
-/// The order is part of the contract: batch position decides nothing numerically, but a
-/// backend fills its batch in this order so the same plan gives the same batch.
+/// Everything one step computes, one work per sequence, in sequence-id order. A backend
+/// fills its batch in this order, so the same plan gives the same batch.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StepPlan<'a> {
     pub work: Vec<Work<'a>>,

@@ -368,8 +368,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     }
 }
 
-/// Decoding sequences go first so running streams never wait behind a long prefill; prompt
-/// chunks then fill the rest of the step's budget, in slot order.
+/// Every decoding sequence gets its next token; prompt chunks share the rest of the step's
+/// budget in slot order, so running streams never wait behind a long prefill.
 fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
     let active = || {
         seqs.iter()
@@ -413,5 +413,9 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
         });
         budget -= n;
     }
+    // In slot order: llama.cpp splits a multi-stream batch into micro-batches of
+    // consecutive sequence ids, so slot order lets decodes and prompt chunks share one
+    // micro-batch instead of three (measured: warm shared-prompt TTFT 593 → 205 ms).
+    work.sort_by_key(Work::seq);
     StepPlan { work }
 }
