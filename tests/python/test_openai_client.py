@@ -38,6 +38,23 @@ def test_chat_completion_returns_text_and_consistent_usage(client, model_id):
         assert usage.completion_tokens == MAX_TOKENS
 
 
+def test_a_repeated_system_prompt_reports_cached_tokens(client, model_id):
+    system = " ".join(f"Rule {i}: answer briefly and plainly." for i in range(20))
+    answers = []
+    for question in ("What is a fan?", "What is a fan for?"):
+        resp = client.chat.completions.create(
+            model=model_id,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+        answers.append(resp)
+    first, second = (r.usage.prompt_tokens_details for r in answers)
+    assert first is not None and second is not None
+    # The system prompt (all but the last run of the prompt) comes from the first request.
+    assert second.cached_tokens > answers[1].usage.prompt_tokens // 2
+
+
 def test_streaming_chunks_follow_the_openai_shape_and_match_non_stream(client, model_id):
     full = _chat(client, model_id)
     chunks = list(_chat(client, model_id, stream=True, stream_options={"include_usage": True}))
