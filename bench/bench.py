@@ -141,12 +141,23 @@ def get_json(base_url: str, path: str, api_key: str | None) -> Any:
 def stream_chat(base_url: str, model_id: str, prompt: str, max_tokens: int,
                 api_key: str | None, timeout: float = 600.0) -> dict[str, Any]:
     """One streaming chat completion; returns client-side timings and counts."""
-    url = urllib.parse.urlsplit(base_url)
     # A different first word per request: servers that reuse a cached prompt prefix (llama-server
     # does by default) must evaluate every prompt, as inferloopd does.
+    messages = [{"role": "user", "content": f"Request {next(REQUEST_NO)}. {prompt}"}]
+    result = stream_messages(base_url, model_id, messages, max_tokens, api_key, timeout)
+    del result["text"], result["usage"]
+    return result
+
+
+def stream_messages(base_url: str, model_id: str, messages: list[dict[str, str]],
+                    max_tokens: int, api_key: str | None = None,
+                    timeout: float = 600.0) -> dict[str, Any]:
+    """One streaming chat completion of `messages` as given; returns client-side timings and
+    counts, the answer text and the server's usage."""
+    url = urllib.parse.urlsplit(base_url)
     body = json.dumps({
         "model": model_id,
-        "messages": [{"role": "user", "content": f"Request {next(REQUEST_NO)}. {prompt}"}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -221,6 +232,8 @@ def stream_chat(base_url: str, model_id: str, prompt: str, max_tokens: int,
         "finish_reason": finish_reason,
         "text_chars": sum(map(len, text)),
         "server_timings": timings,
+        "text": "".join(text),
+        "usage": usage,
     }
 
 

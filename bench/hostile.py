@@ -15,16 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import time
 import urllib.error
 import urllib.request
+import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-LISTEN_RE = re.compile(r"listening on (http://[0-9.:]+)")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import REPO, Daemon  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -75,25 +75,11 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
     argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port",
             "0", "--slots", "4", "--ctx", str(args.ctx)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
-    base = None
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        m = LISTEN_RE.search(line)
-        if m:
-            base = m.group(1)
-            break
-    if base is None:
-        raise SystemExit("daemon exited before listening")
-    while True:
-        try:
-            urllib.request.urlopen(base + "/readyz", timeout=5)
-            break
-        except Exception:
-            time.sleep(0.1)
+    daemon = Daemon(argv, REPO / "bench/results/hostile-daemon.log")
+    base = daemon.wait_ready(120)
+    proc = daemon.proc
     rows = []
     try:
         for name, (route, body) in bodies(args.ctx).items():
@@ -124,8 +110,7 @@ def main() -> None:
                   f"cpu {row['cpu_s']*1000:7.0f} ms  read+parse {row['baseline_cpu_s']*1000:5.0f} ms"
                   f"  wall {row['wall_s']*1000:7.0f} ms")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        daemon.stop(timeout=30)
     out = REPO / "bench/results/hostile.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
-import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-LISTEN_RE = re.compile(r"listening on (http://[0-9.:]+)")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import REPO, Daemon  # noqa: E402
+
 MIB = 1024 * 1024
 
 
@@ -60,28 +57,12 @@ def varied_text(seed: int, words: int) -> str:
 
 
 def measure(daemon: str, model: str, slots: int, ctx: int, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERLOOP_")}
     argv = [daemon, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
             "--slots", str(slots), "--ctx", str(ctx), "--threads", str(threads)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
-    base = None
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        m = LISTEN_RE.search(line)
-        if m:
-            base = m.group(1)
-            break
-    if base is None:
-        raise RuntimeError("daemon exited before listening")
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    server = Daemon(argv, REPO / f"bench/results/memory-{slots}x{ctx}.log")
+    proc = server.proc
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
+        base = server.wait_ready(60)
         status = json.loads(urllib.request.urlopen(base + "/v1/status").read())
         mem = status["memory"]
         idle_rss = status_kb(proc.pid, "VmRSS:")
@@ -123,11 +104,7 @@ def measure(daemon: str, model: str, slots: int, ctx: int, threads: int) -> dict
             "required_covers_peak": mem["required_bytes"] >= peak,
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def main() -> int:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import http.client
 import json
 import math
 import os
@@ -46,12 +45,13 @@ import statistics
 import sys
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import REPO, BenchError, Daemon, fmt, free_port, get_json, git_commit  # noqa: E402
+from bench import (  # noqa: E402
+    REPO, BenchError, Daemon, fmt, free_port, get_json, git_commit, stream_messages,
+)
 
 WORKLOADS = ("shared", "apps", "chat", "nonce")
 SERVERS = ("inferloopd", "llama-server")
@@ -206,72 +206,11 @@ def cached_tokens(usage: dict | None, timings: dict | None) -> tuple[int | None,
     return None, None
 
 
-def read_sse(resp: http.client.HTTPResponse):
-    """Yields (arrival time, parsed chunk) for each `data:` event up to `[DONE]`."""
-    while True:
-        raw = resp.readline()
-        if not raw:
-            raise BenchError("stream ended without `data: [DONE]`")
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line.startswith("data:"):
-            continue  # blank separators, comments, `event:` lines
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise BenchError(f"error in stream: {chunk['error']}")
-        yield time.perf_counter(), chunk
-
-
-def stream_messages(base_url: str, model_id: str, messages: list[Message], max_tokens: int,
-                    timeout: float = 600.0) -> dict[str, Any]:
-    """One streaming chat completion (as bench.stream_chat, but with the caller's messages,
-    unchanged); returns client-side timings, counts, the answer text and the cache report."""
-    url = urllib.parse.urlsplit(base_url)
-    body = json.dumps({
-        "model": model_id, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "stream_options": {"include_usage": True},
-    }).encode()
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
-    try:
-        conn.connect()  # connect outside the timed region, as a pooled client would
-        t_start = time.perf_counter()
-        conn.request("POST", (url.path.rstrip("/") or "") + "/v1/chat/completions", body, headers)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise BenchError(f"HTTP {resp.status}: {resp.read()[:500].decode(errors='replace')}")
-        t_first = t_last = None
-        text: list[str] = []
-        usage = timings = None
-        for now, chunk in read_sse(resp):
-            for choice in chunk.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    t_first = t_first or now
-                    t_last = now
-                    text.append(content)
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-    finally:
-        conn.close()
-    if t_first is None:
-        raise BenchError("stream carried no content")
-    completion_tokens = usage["completion_tokens"] if usage else len(text)
-    decode_s = t_last - t_first
-    cached, cached_from = cached_tokens(usage, timings)
-    return {
-        "t_start": t_start,
-        "ttft_ms": (t_first - t_start) * 1e3,
-        "decode_tps": (completion_tokens - 1) / decode_s if completion_tokens > 1 and decode_s > 0 else None,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens": usage.get("prompt_tokens") if usage else None,
-        "cached_tokens": cached,
-        "cached_from": cached_from,
-        "server_timings": timings,
-        "text": "".join(text),
-    }
+def ask(base_url: str, model_id: str, messages: list[Message], max_tokens: int) -> dict[str, Any]:
+    """One streaming chat completion (bench.stream_messages) with the cache report added."""
+    r = stream_messages(base_url, model_id, messages, max_tokens)
+    r["cached_tokens"], r["cached_from"] = cached_tokens(r.pop("usage"), r["server_timings"])
+    return r
 
 
 def run_clients(base_url: str, model_id: str, clients: list[Client], max_tokens: int) -> list[dict]:
@@ -286,7 +225,7 @@ def run_clients(base_url: str, model_id: str, clients: list[Client], max_tokens:
 
         def send(messages: list[Message]) -> dict[str, Any]:
             nonlocal step
-            r = stream_messages(base_url, model_id, messages, max_tokens)
+            r = ask(base_url, model_id, messages, max_tokens)
             r.update(client=i, step=step)
             step += 1
             with lock:
@@ -345,7 +284,7 @@ def run_on_server(server: str, workload: str, args: argparse.Namespace, log_dir:
         model_id = get_json(base_url, "/v1/models", None)["data"][0]["id"]
         # First-request costs (page faults in the weights) are not steady state. A short user
         # message only: it shares no more than the chat template's first tokens.
-        stream_messages(base_url, model_id, [{"role": "user", "content": "Hi"}], 4)
+        ask(base_url, model_id, [{"role": "user", "content": "Hi"}], 4)
         t0 = time.perf_counter()
         requests = run_clients(base_url, model_id, workload_clients(workload, args), args.max_tokens)
         wall = time.perf_counter() - t0
