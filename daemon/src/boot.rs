@@ -77,6 +77,7 @@ pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decisio
         slots: engine.slots as u64,
         ctx: u64::from(engine.ctx),
         kv_cells: u64::from(engine.kv_cells),
+        shared_kv: engine.shared_kv,
         n_ubatch: u64::from(engine.n_ubatch),
         margin_bytes: config.memory_margin,
     };

@@ -92,16 +92,6 @@ pub struct SeqOutcome {
     pub result: Result<Option<i32>, BackendError>,
 }
 
-/// Where a backend keeps weights and KV cells; the ledger and `/v1/status` report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Residency {
-    /// Host memory (llama.cpp on the CPU).
-    Host,
-    /// GPU memory; on a Jetson that memory is the same DRAM as the host's.
-    Device { unified: bool },
-}
-
 /// What the scheduler needs of the tokenizer to turn sampled tokens into text.
 pub trait Vocab {
     /// End of generation (EOS, EOT, …).
@@ -123,10 +113,6 @@ pub trait Vocab {
 pub trait Backend {
     /// A short name for logs and `/v1/status` (`llama.cpp`, `native-cuda`, …).
     fn name(&self) -> &'static str;
-
-    fn residency(&self) -> Residency {
-        Residency::Host
-    }
 
     /// Prepares sequence `seq` to be fed from position 0 with these sampling settings.
     fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError>;

@@ -207,16 +207,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.metrics
                 .prompt_tokens_total
                 .inc_by(seq.prompt.len() as u64);
-            seq.awaiting = self.prefix_in_flight(slot, &seq.prompt);
-            let cached = match seq.awaiting {
-                // Prefilled by the other request in a step or two: wait for it.
-                Some(_) => self.reuse_prefix(slot, &[]),
-                None => self.reuse_prefix(slot, &seq.prompt),
-            };
-            self.metrics
-                .prefix_lookup_tokens_total
-                .inc_by(seq.prompt.len() as u64);
-            seq.reuse(cached);
+            self.place_prompt(slot, &mut seq);
             self.seqs[slot] = Some(seq);
             self.evict_for_pool();
         }
@@ -273,14 +264,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// Sends the last event of every finishing sequence and frees its slot.
     fn retire_finished(&mut self) {
         for slot in 0..self.seqs.len() {
-            let finishing = matches!(
-                self.seqs[slot].as_ref().map(|s| &s.phase),
-                Some(Phase::Finishing(_))
-            );
-            if !finishing {
-                continue;
-            }
-            let Some(mut seq) = self.seqs[slot].take() else {
+            let Some(mut seq) = self.seqs[slot].take_if(|s| matches!(s.phase, Phase::Finishing(_)))
+            else {
                 continue;
             };
             let (why, cells_valid) = match std::mem::replace(&mut seq.phase, Phase::Waiting) {

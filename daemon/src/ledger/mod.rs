@@ -36,6 +36,8 @@ pub struct Plan {
     pub ctx: u64,
     /// KV cells for all slots together (`slots × ctx` unless oversubscribed).
     pub kv_cells: u64,
+    /// One pool of `kv_cells` shared by the slots, rather than `ctx` cells per slot.
+    pub shared_kv: bool,
     /// llama.cpp micro-batch: the widest prefill step.
     pub n_ubatch: u64,
     /// Explicit margin; `None` = 5% of the rest, at least 16 MiB.
@@ -62,10 +64,10 @@ impl Ledger {
     pub fn compute(shape: &ModelShape, plan: &Plan) -> Self {
         let u = plan.n_ubatch;
         let per_slot = plan.ctx.div_ceil(KV_PAD) * KV_PAD;
-        let cells = if plan.kv_cells >= plan.slots * plan.ctx {
-            per_slot * plan.slots
-        } else {
+        let cells = if plan.shared_kv {
             plan.kv_cells.div_ceil(KV_PAD) * KV_PAD
+        } else {
+            per_slot * plan.slots
         };
         let per_cell =
             shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
@@ -324,6 +326,7 @@ mod tests {
             slots,
             ctx,
             kv_cells: slots * ctx,
+            shared_kv: false,
             n_ubatch: 512,
             margin_bytes: None,
         }
@@ -358,6 +361,7 @@ mod tests {
     fn oversubscribed_kv_is_sized_by_its_cells() {
         let mut p = plan(4, 2048);
         p.kv_cells = 2048;
+        p.shared_kv = true;
         assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 45 << 20);
     }
 

@@ -3,17 +3,32 @@
 
 use super::super::backend::Backend;
 use super::super::prefix::{common_prefix, exact_cut, Hit, MIN_COPY, TILE_ROWS};
-use super::super::sequence::Phase;
+use super::super::sequence::{Phase, Sequence};
 use super::Scheduler;
 
 impl<B: Backend> Scheduler<'_, B> {
+    /// Gives a just-admitted sequence its reusable prefix: now, from the slots' resident
+    /// cells, or in a step or two, from a request already prefilling the same prompt.
+    pub(super) fn place_prompt(&mut self, slot: usize, seq: &mut Sequence) {
+        if !self.prefix.enabled() {
+            // The slot's cells were freed when its last request ended.
+            return;
+        }
+        self.metrics
+            .prefix_lookup_tokens_total
+            .inc_by(seq.prompt.len() as u64);
+        seq.awaiting = self.prefix_in_flight(slot, &seq.prompt);
+        let cached = match seq.awaiting {
+            Some(_) => self.reuse_prefix(slot, &[]),
+            None => self.reuse_prefix(slot, &seq.prompt),
+        };
+        seq.reuse(cached);
+    }
+
     /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
     /// or shared from another slot) and drops the rest of what the slot held. Returns the
     /// number of prompt tokens that need no prefill.
-    pub(super) fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
-        if !self.prefix.enabled() {
-            return 0;
-        }
+    fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
         let chunk = self.plan.prefill_chunk as usize;
         let hit = self
             .prefix
@@ -48,10 +63,7 @@ impl<B: Backend> Scheduler<'_, B> {
     /// A request still prefilling the start of `prompt`, when it will hold clearly more of
     /// it than any slot does now: (its slot, the tokens to reuse once they are in). Requests
     /// that arrive together with one system prompt then compute it once, not once each.
-    pub(super) fn prefix_in_flight(&self, slot: usize, prompt: &[i32]) -> Option<(usize, usize)> {
-        if !self.prefix.enabled() {
-            return None;
-        }
+    fn prefix_in_flight(&self, slot: usize, prompt: &[i32]) -> Option<(usize, usize)> {
         let (n, chunk) = (prompt.len(), self.plan.prefill_chunk as usize);
         let resident = self
             .prefix
@@ -77,21 +89,19 @@ impl<B: Backend> Scheduler<'_, B> {
             let Some((src, len)) = self.seqs[slot].as_ref().and_then(|q| q.awaiting) else {
                 continue;
             };
-            let Some(seq) = self.seqs[slot].as_ref() else {
-                continue;
-            };
             let src_prefilling = self.seqs[src]
                 .as_ref()
                 .is_some_and(|q| matches!(q.phase, Phase::Prefill { .. }));
-            if src_prefilling && self.prefix.reusable(src, &seq.prompt) < len {
+            // Out of its slot while its prefix goes in: `reuse_prefix` needs `self`.
+            let Some(mut seq) = self.seqs[slot].take() else {
                 continue;
-            }
-            let prompt = seq.prompt.clone();
-            let cached = self.reuse_prefix(slot, &prompt);
-            if let Some(seq) = self.seqs[slot].as_mut() {
+            };
+            if !src_prefilling || self.prefix.reusable(src, &seq.prompt) >= len {
+                let cached = self.reuse_prefix(slot, &seq.prompt);
                 seq.awaiting = None;
                 seq.reuse(cached);
             }
+            self.seqs[slot] = Some(seq);
         }
     }
 
