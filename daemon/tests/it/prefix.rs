@@ -175,7 +175,12 @@ async fn reuse_on_gives_the_same_text_as_reuse_off_and_reports_the_cached_tokens
     assert!(cache["hit_rate"].as_f64().unwrap_or(0.0) > 0.5, "{cache}");
     let metrics = on.metrics().await;
     assert!(metric(&metrics, "inferloop_prefix_cache_hit_tokens_total") > 0.0);
-    assert!(metric(&metrics, "inferloop_prefix_cache_retained_cells") > 0.0);
+    on.wait_metrics(
+        Duration::from_secs(5),
+        "cells retained after the last answer",
+        |m| metric(m, "inferloop_prefix_cache_retained_cells") > 0.0,
+    )
+    .await;
     assert_eq!(off.status().await["prefix_cache"]["enabled"], false);
 }
 
@@ -227,12 +232,11 @@ async fn a_full_shared_pool_with_retained_prefixes_admits_new_work_at_once() {
     let off = Daemon::start(&[&args[..], &["--prefix-cache", "off"]].concat());
     let first = completion(&format!("{} The device reports", system_prompt()), false);
     let (_, _) = ask(&on, "/v1/completions", &first).await;
-    let metrics = on.metrics().await;
-    let retained = metric(&metrics, "inferloop_prefix_cache_retained_cells");
-    assert!(
-        retained > 200.0,
-        "the first prompt is retained ({retained})"
-    );
+    // The gauge is published when the scheduler turns after the answer went out.
+    on.wait_metrics(Duration::from_secs(5), "the first prompt retained", |m| {
+        metric(m, "inferloop_prefix_cache_retained_cells") > 200.0
+    })
+    .await;
     let mut second = completion(&format!("Unrelated. {}", system_prompt()), false);
     second["max_tokens"] = json!(150);
     let v = on.post_ok("/v1/completions", &second).await;
