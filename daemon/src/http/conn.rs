@@ -19,6 +19,12 @@
 //!   it; a peer that left resets the connection after the first newline.
 //!
 //! Once the response is finished, the EOF is passed on and hyper closes the connection.
+//!
+//! Closing a socket with unread request bytes makes the kernel send a RST, which can reach a
+//! client still writing its body before it reads the answer (a 413 sent on `Content-Length`
+//! alone): it sees a broken pipe instead of the 413. So a dropped connection lingers: its
+//! sending side is shut, and what the peer still sends is read and discarded until it closes,
+//! for at most [`LINGER`] and [`LINGER_BYTES`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -45,6 +51,10 @@ use super::error::ApiError;
 
 /// How often a probing response writes a newline while the answer is being generated.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How long a closed connection keeps discarding what its peer still sends.
+const LINGER: Duration = Duration::from_secs(2);
+/// How much a closed connection discards at most.
+const LINGER_BYTES: usize = 16 << 20;
 
 tokio::task_local! {
     /// The connection of the request being handled. A task-local instead of a request
@@ -93,7 +103,7 @@ pub fn accept(stream: TcpStream, app: Router) -> (PeerIo, Service, Peer) {
     });
     (
         PeerIo {
-            inner: stream,
+            inner: Some(stream),
             state: state.clone(),
         },
         Service {
@@ -107,8 +117,47 @@ pub fn accept(stream: TcpStream, app: Router) -> (PeerIo, Service, Peer) {
 /// The socket as hyper sees it: reads and writes pass through, except a read-EOF while a
 /// response is pending (see the module doc).
 pub struct PeerIo {
-    inner: TcpStream,
+    /// `None` only once dropped, when the socket moves to [`linger`].
+    inner: Option<TcpStream>,
     state: Arc<ConnState>,
+}
+
+impl PeerIo {
+    fn socket(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+        self.inner
+            .as_mut()
+            .map(Pin::new)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+}
+
+impl Drop for PeerIo {
+    fn drop(&mut self) {
+        if let (Some(stream), Ok(runtime)) =
+            (self.inner.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(linger(stream));
+        }
+    }
+}
+
+/// Shuts the sending side and discards what the peer still sends, so that closing never
+/// resets a connection whose answer the peer has not read yet.
+async fn linger(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // hyper may have shut it already; the draining below matters either way.
+    let _ = stream.shutdown().await;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut discarded = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while discarded < LINGER_BYTES {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => discarded += n,
+            }
+        }
+    })
+    .await;
 }
 
 impl AsyncRead for PeerIo {
@@ -118,7 +167,7 @@ impl AsyncRead for PeerIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        ready!(self.socket()?.poll_read(cx, buf))?;
         let eof = buf.filled().len() == before && buf.remaining() > 0;
         if eof && self.state.awaiting_response.load(Ordering::Acquire) {
             self.state.read_closed.send_replace(true);
@@ -137,7 +186,7 @@ impl AsyncWrite for PeerIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        self.socket()?.poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -145,19 +194,21 @@ impl AsyncWrite for PeerIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        self.socket()?.poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner
+            .as_ref()
+            .is_some_and(TcpStream::is_write_vectored)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.socket()?.poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.socket()?.poll_shutdown(cx)
     }
 }
 

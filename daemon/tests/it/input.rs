@@ -203,3 +203,35 @@ async fn client_sending_partial_headers_is_disconnected() {
         String::from_utf8_lossy(&buf)
     );
 }
+
+#[test]
+fn a_client_still_sending_an_oversized_body_reads_its_413() {
+    // The 413 goes out on Content-Length alone. A body arriving at a closed socket is
+    // answered with a RST, so a client still writing it (as HTTP clients do before reading)
+    // saw a broken pipe instead of the answer.
+    let body = vec![b'a'; 2 << 20];
+    for trial in 0..5 {
+        let mut s = TcpStream::connect(shared().addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).expect("headers");
+        // Let the answer and the close happen before the body arrives.
+        std::thread::sleep(Duration::from_millis(100));
+        let sent = s.write_all(&body);
+        assert!(
+            sent.is_ok(),
+            "trial {trial}: the body could not be sent: {sent:?}"
+        );
+        let mut answer = String::new();
+        let read = s.read_to_string(&mut answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "trial {trial}: {read:?}, got {answer:?}"
+        );
+    }
+}
