@@ -467,6 +467,8 @@ async fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
             if usage.prompt_tokens_details.cached_tokens == 0)
         );
     }
+    // The slot is released right after the last event went out.
+    until(&r.engine, "the slot released", |l| l.active == 0).await;
     let log = r.fake.log();
     assert!(log.shared.is_empty());
     assert_eq!(
