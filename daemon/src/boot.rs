@@ -78,6 +78,7 @@ pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decisio
         ctx: u64::from(engine.ctx),
         kv_cells: u64::from(engine.kv_cells),
         shared_kv: engine.shared_kv,
+        prefix_slots: engine.prefix_slots as u64,
         n_ubatch: u64::from(engine.n_ubatch),
         margin_bytes: config.memory_margin,
     };

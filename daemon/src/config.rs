@@ -142,6 +142,14 @@ pub struct ServeLayer {
     /// (`on` or `off`; default on).
     #[arg(long, value_name = "on|off")]
     pub prefix_cache: Option<Switch>,
+    /// Backend sequences beyond the slots: idle ones keep earlier prompts' prefixes, so
+    /// that more distinct prompts stay reusable than there are slots. A request starts in
+    /// the idle sequence holding its longest prefix; no more than `slots` run at once.
+    /// Default: as many as slots with a shared pool (`--kv-cells`), where they cost no
+    /// memory; 0 with a KV stream per sequence, where each costs `ctx` cells (the ledger
+    /// counts them).
+    #[arg(long)]
+    pub prefix_slots: Option<usize>,
     /// Board profile to use instead of detecting one (`inferloopd board` shows what
     /// detection picks and why).
     #[arg(long)]
@@ -191,6 +199,8 @@ pub struct ServeConfig {
     pub kv_cells: u32,
     /// Prompt reuse across requests (`--prefix-cache`).
     pub prefix_cache: bool,
+    /// Sequences that only retain prompt prefixes (`--prefix-slots`; 0 with reuse off).
+    pub prefix_slots: usize,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -385,6 +395,23 @@ impl ServeConfig {
                 &format!("must be between ctx ({ctx}) and slots x ctx ({full})"),
             ));
         }
+        let prefix_cache = l.prefix_cache.unwrap_or(Switch::On) == Switch::On;
+        let prefix_slots = match (prefix_cache, l.prefix_slots) {
+            (false, _) => 0,
+            (true, Some(n)) => n,
+            (true, None) if kv_cells < full => slots,
+            (true, None) => 0,
+        };
+        // llama.cpp's LLAMA_MAX_SEQ.
+        if slots + prefix_slots > 256 {
+            return Err(invalid(
+                "prefix_slots",
+                &format!(
+                    "must be at most {} (256 sequences with the slots)",
+                    256 - slots
+                ),
+            ));
+        }
         if l.memory_budget_mb == Some(0) {
             return Err(invalid("memory_budget_mb", "must be positive"));
         }
@@ -418,7 +445,8 @@ impl ServeConfig {
             memory_budget,
             memory_margin,
             kv_cells,
-            prefix_cache: l.prefix_cache.unwrap_or(Switch::On) == Switch::On,
+            prefix_cache,
+            prefix_slots,
             host,
             port: l.port.unwrap_or(8080),
             slots,

@@ -45,6 +45,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "memory_margin_mb",
     "kv_cells",
     "prefix_cache",
+    "prefix_slots",
     "board",
     "sysfs_root",
     "proc_root",

@@ -27,7 +27,7 @@ impl<'m> LlamaCpp<'m> {
     pub fn new(model: &'m LoadedModel, plan: &EnginePlan) -> Result<Self, EngineError> {
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(plan.context_cells()))
-            .with_n_seq_max(plan.slots as u32)
+            .with_n_seq_max(plan.sequences() as u32)
             .with_kv_unified(plan.shared_kv)
             .with_n_batch(plan.n_batch)
             .with_n_ubatch(plan.n_ubatch)
@@ -41,7 +41,7 @@ impl<'m> LlamaCpp<'m> {
             model,
             ctx,
             batch: LlamaBatch::new(plan.n_batch as usize, 1),
-            samplers: (0..plan.slots).map(|_| None).collect(),
+            samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
         })
     }

@@ -35,6 +35,9 @@ pub struct EnginePlan {
     pub threads: i32,
     /// Finished requests' KV cells stay for prompt reuse.
     pub prefix_cache: bool,
+    /// Backend sequences beyond the slots: idle ones retain prompt prefixes, and a request
+    /// may start in any idle sequence (at most `slots` run at once).
+    pub prefix_slots: usize,
     #[serde(skip)]
     pub queue_timeout: Duration,
 }
@@ -54,6 +57,7 @@ impl EnginePlan {
             n_ubatch: n_batch.min(STEP_TOKENS),
             threads: config.threads,
             prefix_cache: config.prefix_cache,
+            prefix_slots: config.prefix_slots,
             queue_timeout: config.queue_timeout,
         }
     }
@@ -75,14 +79,24 @@ impl EnginePlan {
             "KV cells for all slots together.",
             u64::from(self.kv_cells),
         );
+        w.gauge(
+            "inferloop_prefix_slots",
+            "Backend sequences beyond the slots, kept for prompt prefixes.",
+            self.prefix_slots,
+        );
     }
 
-    /// Cells the backend allocates: the shared pool, or `ctx` for every slot.
+    /// Backend sequences: the slots, then the prefix slots.
+    pub fn sequences(&self) -> usize {
+        self.slots + self.prefix_slots
+    }
+
+    /// Cells the backend allocates: the shared pool, or `ctx` for every sequence.
     pub fn context_cells(&self) -> u32 {
         if self.shared_kv {
             self.kv_cells
         } else {
-            self.ctx.saturating_mul(self.slots as u32)
+            self.ctx.saturating_mul(self.sequences() as u32)
         }
     }
 }
@@ -114,6 +128,27 @@ mod tests {
     }
 
     #[test]
+    fn prefix_slots_are_free_in_a_shared_pool_and_cost_a_stream_each_otherwise() {
+        let p = plan(4, 2048, Some(4096));
+        assert_eq!(
+            (p.prefix_slots, p.sequences(), p.context_cells()),
+            (4, 8, 4096)
+        );
+        let p = plan(4, 2048, None);
+        assert_eq!((p.prefix_slots, p.sequences()), (0, 4));
+        let flags = ServeLayer {
+            slots: Some(2),
+            ctx: Some(1024),
+            prefix_slots: Some(3),
+            ..ServeLayer::default()
+        };
+        let p = EnginePlan::from_config(
+            &ServeConfig::resolve(None, flags, ServeLayer::default()).expect("valid"),
+        );
+        assert_eq!((p.sequences(), p.context_cells()), (5, 5 * 1024));
+    }
+
+    #[test]
     fn the_plan_is_exported_as_gauges() {
         let mut w = TextWriter::new();
         plan(2, 1024, Some(1536)).render_metrics(&mut w);
@@ -122,6 +157,7 @@ mod tests {
             "inferloop_slots 2\n",
             "inferloop_queue_capacity 16\n",
             "inferloop_kv_cells 1536\n",
+            "inferloop_prefix_slots 2\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -84,7 +84,9 @@ impl PrefixIndex {
     }
 
     /// Which of the `free` slots (never empty) a prompt should take: the one holding its
-    /// longest prefix, else an empty one, else the least recently used.
+    /// longest prefix when that is worth keeping ([`MIN_COPY`] tokens or more), else an
+    /// empty one, else the least recently used. A prompt that merely starts like a kept
+    /// one (the same template tokens) does not overwrite it.
     pub fn choose(&self, prompt: &[i32], free: &[usize]) -> usize {
         if !self.enabled {
             return free[0];
@@ -95,7 +97,7 @@ impl PrefixIndex {
                 let len = common_prefix(&self.resident[slot], prompt).min(self.exact[slot]);
                 (len, slot)
             })
-            .filter(|&(len, _)| len > 0)
+            .filter(|&(len, _)| len >= MIN_COPY)
             .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         if let Some((_, slot)) = best {
             return slot;
@@ -225,11 +227,17 @@ mod tests {
     #[test]
     fn a_prompt_goes_to_the_free_slot_holding_its_prefix_else_an_empty_one_else_the_oldest() {
         let mut p = PrefixIndex::new(4, true);
+        let long = |t: i32| vec![t; MIN_COPY];
         p.set(0, &[1, 2]);
-        p.set(1, &[5, 6]);
+        p.set(1, &long(5));
         p.set(2, &[8]);
-        assert_eq!(p.choose(&[5, 6, 7], &[0, 1, 2, 3]), 1);
+        assert_eq!(p.choose(&[long(5), vec![7]].concat(), &[0, 1, 2, 3]), 1);
         assert_eq!(p.choose(&[4], &[0, 1, 2, 3]), 3, "the empty slot");
+        assert_eq!(
+            p.choose(&[1, 2, 3], &[0, 1, 2, 3]),
+            3,
+            "a few shared tokens do not cost a kept prompt its place"
+        );
         assert_eq!(p.choose(&[4], &[0, 1, 2]), 0, "the least recently used");
         p.touch(0);
         assert_eq!(p.choose(&[4], &[0, 1, 2]), 1);

@@ -59,8 +59,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 plan.queue,
                 plan.queue_timeout,
                 u64::from(plan.kv_cells),
-            ),
-            seqs: (0..plan.slots).map(|_| None).collect(),
+            )
+            .with_prefix_slots(plan.prefix_slots),
+            seqs: (0..plan.sequences()).map(|_| None).collect(),
             backend,
             vocab,
             plan,
@@ -68,7 +69,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             load,
             thermal,
             thermal_state: ThermalState::Normal,
-            prefix: PrefixIndex::new(plan.slots, plan.prefix_cache),
+            prefix: PrefixIndex::new(plan.sequences(), plan.prefix_cache),
         }
     }
 

@@ -32,6 +32,7 @@ fn plan(slots: usize, queue: usize) -> EnginePlan {
         n_ubatch: STEP_TOKENS,
         threads: 1,
         prefix_cache: true,
+        prefix_slots: 0,
         queue_timeout: Duration::from_secs(10),
     }
 }
@@ -51,7 +52,7 @@ impl Drop for Rig {
 }
 
 fn rig(plan: EnginePlan) -> Rig {
-    let fake = Fake::new(plan.slots, STEP);
+    let fake = Fake::new(plan.sequences(), STEP);
     let backend = fake.clone();
     let (feed, gate) = ThermalGate::test_feed(0.5, 90.0);
     let metrics = Arc::new(Metrics::default());
@@ -453,6 +454,33 @@ async fn requests_arriving_together_with_one_prompt_compute_it_once() {
         "three reuse it (all but the last tile, or the first chunk if they arrived after it): {cached:?}"
     );
     assert_eq!(r.fake.log().shared.len(), 3);
+}
+
+#[tokio::test]
+async fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
+    let mut p = plan(1, 1);
+    p.prefix_slots = 2;
+    let r = rig(p);
+    let ask = |token: i32| {
+        let mut req = request(300, 2);
+        req.prompt_tokens = vec![token; 300];
+        r.engine.submit(req)
+    };
+    let mut cached = Vec::new();
+    // Three prompts through one slot, then the first again.
+    for token in [1, 2, 3, 1] {
+        let mut rx = ask(token).await.expect("slot");
+        match last(&mut rx).await.1 {
+            Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
+            other => panic!("expected Finished, got {other:?}"),
+        }
+    }
+    assert_eq!(cached, vec![0, 0, 0, 284], "the first prompt was kept");
+    let log = r.fake.log();
+    // Each prompt took an empty sequence; the first ran again where it was kept.
+    assert!(log.shared.is_empty(), "{log:?}");
+    assert!(log.truncated.contains(&(0, 284)), "{log:?}");
+    assert_eq!(r.engine.load().active, 0);
 }
 
 #[tokio::test]

@@ -26,12 +26,17 @@ struct Queued<J> {
 }
 
 /// Slots and the FIFO queue in front of them, plus the KV cells each running job reserved.
+///
+/// A slot is a backend sequence. There may be more sequences than may run at once (prefix
+/// slots): idle ones keep prompt prefixes, and a job may start in any idle one.
 pub struct State<J> {
     busy: Vec<bool>,
     /// Cells reserved per slot (0 when idle).
     reserved: Vec<u64>,
     kv_capacity: u64,
-    /// Admission cap below `busy.len()`, lowered e.g. when the board runs hot.
+    /// Slots that may be busy at once.
+    slots: usize,
+    /// Admission cap at or below `slots`, lowered e.g. when the board runs hot.
     max_active: usize,
     queue: VecDeque<Queued<J>>,
     queue_capacity: usize,
@@ -51,6 +56,7 @@ impl<J: Waiter> State<J> {
             busy: vec![false; slots],
             reserved: vec![0; slots],
             kv_capacity,
+            slots,
             max_active: slots,
             queue: VecDeque::new(),
             queue_capacity,
@@ -59,8 +65,16 @@ impl<J: Waiter> State<J> {
         }
     }
 
+    /// `n` more sequences, for prefix reuse: no more jobs run at once than before.
+    pub fn with_prefix_slots(mut self, n: usize) -> Self {
+        self.busy.resize(self.busy.len() + n, false);
+        self.reserved.resize(self.busy.len(), 0);
+        self
+    }
+
+    /// Slots that may be busy at once.
     pub fn slots(&self) -> usize {
-        self.busy.len()
+        self.slots
     }
 
     pub fn active(&self) -> usize {
@@ -82,7 +96,7 @@ impl<J: Waiter> State<J> {
 
     /// Limits how many slots may be busy at once (clamped to 1..=slots).
     pub fn set_max_active(&mut self, n: usize) {
-        self.max_active = n.clamp(1, self.busy.len());
+        self.max_active = n.clamp(1, self.slots);
     }
 
     /// Accepts a job unless, at this moment, every slot is taken and the queue is full.
@@ -264,6 +278,25 @@ mod tests {
 
     fn state(slots: usize, queue: usize) -> State<Job> {
         State::new(slots, queue, Duration::from_secs(10), 1_000_000)
+    }
+
+    #[test]
+    fn prefix_slots_add_sequences_to_pick_from_but_no_running_job() {
+        let now = Instant::now();
+        let mut s = state(1, 4).with_prefix_slots(2);
+        assert_eq!(s.slots(), 1);
+        s.offer(Job::sized(0, 10), now).ok();
+        s.offer(Job::sized(1, 10), now).ok();
+        let first = s.admit_to(now, |_, free| {
+            assert_eq!(free, [0, 1, 2]);
+            2
+        });
+        assert_eq!(first.map(|a| a.slot), Some(2), "any idle sequence");
+        assert!(s.admit(now).is_none(), "one slot: one job at a time");
+        s.set_max_active(3);
+        assert!(s.admit(now).is_none(), "the cap never exceeds the slots");
+        s.release(2);
+        assert_eq!(s.admit(now).map(|a| a.job.id), Some(1));
     }
 
     #[test]

@@ -120,7 +120,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "reserved": load.kv_reserved,
             "shared": plan.shared_kv,
         },
-        "prefix_cache": prefix_cache_status(plan.prefix_cache, &state.metrics),
+        "prefix_cache": prefix_cache_status(plan, &state.metrics),
         "memory": {
             "fits": state.boot.decision.fits,
             "required_bytes": state.boot.decision.required_bytes,
@@ -175,11 +175,15 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
 }
 
 /// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
-fn prefix_cache_status(enabled: bool, metrics: &crate::metrics::Metrics) -> serde_json::Value {
+fn prefix_cache_status(
+    plan: &crate::engine::EnginePlan,
+    metrics: &crate::metrics::Metrics,
+) -> serde_json::Value {
     let lookup = metrics.prefix_lookup_tokens_total.get();
     let hit = metrics.prefix_hit_tokens_total.get();
     json!({
-        "enabled": enabled,
+        "enabled": plan.prefix_cache,
+        "prefix_slots": plan.prefix_slots,
         "lookup_tokens": lookup,
         "hit_tokens": hit,
         "hit_rate": if lookup > 0 { hit as f64 / lookup as f64 } else { 0.0 },

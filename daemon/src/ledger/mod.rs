@@ -38,6 +38,9 @@ pub struct Plan {
     pub kv_cells: u64,
     /// One pool of `kv_cells` shared by the slots, rather than `ctx` cells per slot.
     pub shared_kv: bool,
+    /// Sequences that only retain prompt prefixes: `ctx` cells more each without a shared
+    /// pool, nothing with one (they hold cells of the pool).
+    pub prefix_slots: u64,
     /// llama.cpp micro-batch: the widest prefill step.
     pub n_ubatch: u64,
     /// Explicit margin; `None` = 5% of the rest, at least 16 MiB.
@@ -67,7 +70,7 @@ impl Ledger {
         let cells = if plan.shared_kv {
             plan.kv_cells.div_ceil(KV_PAD) * KV_PAD
         } else {
-            per_slot * plan.slots
+            per_slot * (plan.slots + plan.prefix_slots)
         };
         let per_cell =
             shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
@@ -327,6 +330,7 @@ mod tests {
             ctx,
             kv_cells: slots * ctx,
             shared_kv: false,
+            prefix_slots: 0,
             n_ubatch: 512,
             margin_bytes: None,
         }
@@ -363,6 +367,19 @@ mod tests {
         p.kv_cells = 2048;
         p.shared_kv = true;
         assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 45 << 20);
+        p.prefix_slots = 4;
+        assert_eq!(
+            Ledger::compute(&smollm2(), &p).term("kv"),
+            45 << 20,
+            "prefix slots hold cells of the pool"
+        );
+    }
+
+    #[test]
+    fn each_prefix_slot_is_a_stream_more_without_a_shared_pool() {
+        let mut p = plan(4, 2048);
+        p.prefix_slots = 2;
+        assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 6 * (45 << 20));
     }
 
     #[test]

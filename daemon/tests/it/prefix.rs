@@ -253,3 +253,35 @@ async fn a_full_shared_pool_with_retained_prefixes_admits_new_work_at_once() {
         "retained cells stay within the pool ({after})"
     );
 }
+
+#[tokio::test]
+async fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
+    // Four applications' prompts, then the first two again: more distinct prompts than
+    // slots. With a stream per slot the prefix slots are streams of their own; in a shared
+    // pool they hold cells of the pool (and default to one per slot).
+    let apps: Vec<Value> = (1..=4)
+        .map(|app| completion(&format!("Application {app}. {}", system_prompt()), false))
+        .collect();
+    let off = Daemon::start(&["--slots", "1", "--ctx", "1024", "--prefix-cache", "off"]);
+    for args in [
+        &["--slots", "1", "--ctx", "1024", "--prefix-slots", "3"][..],
+        &["--slots", "2", "--ctx", "1024", "--kv-cells", "2000"][..],
+    ] {
+        let on = Daemon::start(args);
+        assert!(on.status().await["prefix_cache"]["prefix_slots"].as_u64() >= Some(2));
+        for (i, body) in apps.iter().chain(&apps[..2]).enumerate() {
+            let (text_on, cached) = ask(&on, "/v1/completions", body).await;
+            let (text_off, _) = ask(&off, "/v1/completions", body).await;
+            assert_eq!(
+                text_on, text_off,
+                "{args:?}: request {i} differs with reuse on"
+            );
+            if i >= 4 {
+                assert!(
+                    cached >= 100,
+                    "{args:?}: request {i} found its prompt kept ({cached} cached tokens)"
+                );
+            }
+        }
+    }
+}
