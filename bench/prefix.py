@@ -258,7 +258,8 @@ def run_clients(base_url: str, model_id: str, clients: list[Client], max_tokens:
 def daemon_argv(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
     """inferloopd on port 0 (its `listening on` line gives the address)."""
     argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
-            "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx)]
+            "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
+            "--prefix-slots", str(args.prefix_slots)]
     return argv + args.daemon_arg, None, "/readyz"
 
 
@@ -406,6 +407,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer", default=str(REPO / "peer/llama-server"),
                    help="llama-server binary (scripts/build-peer.sh)")
     p.add_argument("--model", default=str(REPO / "models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="GGUF file")
+    p.add_argument("--prefix-slots", type=int, default=None,
+                   help="inferloopd --prefix-slots (default: 2 x --slots, room for the 8 "
+                        "applications and the copies running ones hold; llama-server keeps prompts in "
+                        "RAM too, its --cache-ram)")
     p.add_argument("--daemon-arg", action="append", default=[], help="extra inferloopd serve flag (repeatable)")
     p.add_argument("--peer-arg", action="append", default=[], help="extra llama-server flag (repeatable)")
     p.add_argument("--threads", type=int, default=2)
@@ -416,6 +421,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seed of the question and application choices")
     p.add_argument("--ready-timeout", type=float, default=120.0)
     args = p.parse_args(argv)
+    if args.prefix_slots is None:
+        args.prefix_slots = 2 * args.slots
     args.workloads = [w for item in args.workloads for w in item.split(",") if w]
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     if unknown:
@@ -477,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"threads": args.threads, "slots": args.slots, "ctx": args.ctx,
                    "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
                    "seed": args.seed, "quick": args.quick, "temperature": 0,
-                   "model": args.model, "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg},
+                   "model": args.model, "prefix_slots": args.prefix_slots,
+                   "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg},
         "targets": TARGETS,
         "workloads": workloads,
     }

@@ -145,7 +145,7 @@ pub struct ServeLayer {
     /// Backend sequences beyond the slots: idle ones keep earlier prompts' prefixes, so
     /// that more distinct prompts stay reusable than there are slots. A request starts in
     /// the idle sequence holding its longest prefix; no more than `slots` run at once.
-    /// Default: as many as slots with a shared pool (`--kv-cells`), where they cost no
+    /// Default: twice the slots with a shared pool (`--kv-cells`), where they cost no
     /// memory; 0 with a KV stream per sequence, where each costs `ctx` cells (the ledger
     /// counts them).
     #[arg(long)]
@@ -399,7 +399,8 @@ impl ServeConfig {
         let prefix_slots = match (prefix_cache, l.prefix_slots) {
             (false, _) => 0,
             (true, Some(n)) => n,
-            (true, None) if kv_cells < full => slots,
+            // They cost no memory in a shared pool: keep twice as many prompts as run.
+            (true, None) if kv_cells < full => 2 * slots,
             (true, None) => 0,
         };
         // llama.cpp's LLAMA_MAX_SEQ.

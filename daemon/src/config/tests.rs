@@ -501,3 +501,28 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
         .expect_err("neither on nor off");
     assert!(err.to_string().contains("INFERLOOP_PREFIX_CACHE"), "{err}");
 }
+
+#[test]
+fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
+    let resolve = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
+        ServeConfig::resolve(file_layer, flags, env_layer).map(|c| c.prefix_slots)
+    };
+    let none = ServeLayer::default;
+    assert_eq!(resolve(None, none(), none()).ok(), Some(0));
+    let from_file = resolve(Some(file("prefix_slots = 3\n")), none(), none());
+    assert_eq!(from_file.ok(), Some(3));
+    let from_env = resolve(None, none(), env(&[("INFERLOOP_PREFIX_SLOTS", "5")]));
+    assert_eq!(from_env.ok(), Some(5));
+    let off = ServeLayer {
+        prefix_slots: Some(5),
+        prefix_cache: Some(Switch::Off),
+        ..none()
+    };
+    assert_eq!(resolve(None, off, none()).ok(), Some(0), "nothing to keep");
+    let too_many = ServeLayer {
+        prefix_slots: Some(253),
+        ..none()
+    };
+    let err = resolve(None, too_many, none()).expect_err("4 slots + 253 > 256 sequences");
+    assert!(err.to_string().contains("prefix_slots"), "{err}");
+}

@@ -132,7 +132,7 @@ mod tests {
         let p = plan(4, 2048, Some(4096));
         assert_eq!(
             (p.prefix_slots, p.sequences(), p.context_cells()),
-            (4, 8, 4096)
+            (8, 12, 4096)
         );
         let p = plan(4, 2048, None);
         assert_eq!((p.prefix_slots, p.sequences()), (0, 4));
@@ -157,7 +157,7 @@ mod tests {
             "inferloop_slots 2\n",
             "inferloop_queue_capacity 16\n",
             "inferloop_kv_cells 1536\n",
-            "inferloop_prefix_slots 2\n",
+            "inferloop_prefix_slots 4\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
