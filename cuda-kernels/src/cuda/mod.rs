@@ -1,0 +1,119 @@
+//! The GPU side: finding a CUDA device without panicking, loading every kernel for its
+//! architecture, and handing out functions to launch. Launch wrappers live beside this
+//! module, one file per group of kernels; each has a CPU twin in [`crate::cpu`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::nvrtc::Ptx;
+
+use crate::kernels::SOURCES;
+use crate::nvrtc::{self, CompileError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no CUDA driver found: libcuda.so.1 cannot be loaded (no NVIDIA driver on this machine, or not on the library path)")]
+    NoDriver,
+    #[error("no CUDA device {ordinal}: {source}")]
+    NoDevice { ordinal: usize, source: DriverError },
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] DriverError),
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error("cannot read PTX {path}: {source}")]
+    Ptx {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("no kernel {entry} in module {module}")]
+    NoKernel { module: String, entry: String },
+}
+
+/// Whether libcuda can be loaded (cudarc panics on first use when it cannot).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One CUDA device with every kernel module loaded.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    /// Compute capability, e.g. (8, 7) on Orin.
+    pub capability: (i32, i32),
+    pub name: String,
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and compiles every kernel for its architecture with the
+    /// device's own NVRTC.
+    pub fn open(ordinal: usize) -> Result<Self, GpuError> {
+        Self::open_with(ordinal, |name, code, arch| {
+            Ok(nvrtc::compile(name, code, arch, &[])?)
+        })
+    }
+
+    /// Opens device `ordinal` and loads `<dir>/<kernel>.ptx` for every kernel through the
+    /// driver alone (no NVRTC needed; a newer driver JIT-compiles older PTX).
+    pub fn open_with_ptx(ordinal: usize, dir: &Path) -> Result<Self, GpuError> {
+        Self::open_with(ordinal, |name, _, _| {
+            let path = dir.join(format!("{name}.ptx"));
+            let text = std::fs::read_to_string(&path).map_err(|source| GpuError::Ptx {
+                path: path.display().to_string(),
+                source,
+            })?;
+            Ok(Ptx::from_src(text))
+        })
+    }
+
+    fn open_with(
+        ordinal: usize,
+        mut ptx: impl FnMut(&'static str, &'static str, &'static str) -> Result<Ptx, GpuError>,
+    ) -> Result<Self, GpuError> {
+        if !driver_present() {
+            return Err(GpuError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
+        let capability = ctx.compute_capability()?;
+        let name = ctx.name()?;
+        let arch = nvrtc::arch_name(capability.0, capability.1);
+        let mut modules = HashMap::new();
+        for s in SOURCES {
+            let module = ctx.load_module(ptx(s.name, s.code, arch)?)?;
+            modules.insert(s.name, module);
+        }
+        let stream = ctx.default_stream();
+        Ok(Self {
+            ctx,
+            stream,
+            capability,
+            name,
+            modules,
+        })
+    }
+
+    /// The kernel `entry` of module `module` (a [`SOURCES`] name).
+    pub fn function(&self, module: &str, entry: &str) -> Result<CudaFunction, GpuError> {
+        let no_kernel = || GpuError::NoKernel {
+            module: module.to_string(),
+            entry: entry.to_string(),
+        };
+        let m = self.modules.get(module).ok_or_else(no_kernel)?;
+        m.load_function(entry).map_err(|_| no_kernel())
+    }
+}
+
+/// A GPU for tests, or `None` with the reason printed (the test then checks nothing on the
+/// GPU and says so).
+pub fn test_gpu() -> Option<Gpu> {
+    match Gpu::open(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("GPU test skipped: {e}");
+            None
+        }
+    }
+}
