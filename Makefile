@@ -30,7 +30,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model build run test pytest bench bench-peer bench-prefix fmt clippy clean venv
+.PHONY: help deps model build run test pytest bench bench-peer bench-prefix kernels-check kernel-bench device-bundle fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -43,6 +43,8 @@ help:
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
+	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
+	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
@@ -103,6 +105,27 @@ bench-peer: $(VENV)/.installed model build
 bench-prefix: $(VENV)/.installed model build
 	scripts/build-peer.sh
 	$(VENV)/bin/python bench/prefix.py --daemon $(BIN) --model $(MODEL) --peer peer/llama-server $(BENCH_ARGS)
+
+kernels-check:
+	scripts/kernels-check.sh
+
+# What scripts/device-check.sh needs on a GPU machine without a toolchain: the kernel test
+# executables, q8-bench and the PTX from kernels-check (TARGET= cross-builds for a Jetson).
+TARGET ?=
+device-bundle: kernels-check
+	rm -rf out/device && mkdir -p out/device/tests out/device/ptx
+	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench $(if $(TARGET),--target $(TARGET))
+	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
+	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
+	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench scripts/device-check.sh out/device/
+	cp -r out/kernels/sm_* out/device/ptx/
+	du -sh out/device
+
+DEVICE ?= cpu
+kernel-bench:
+	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench
+	mkdir -p out/kernels
+	target/release/q8-bench --device $(DEVICE) --json out/kernels/bench-$(DEVICE).json $(BENCH_ARGS)
 
 fmt:
 	cargo fmt --all

@@ -12,6 +12,9 @@ use cudarc::nvrtc::Ptx;
 use crate::kernels::SOURCES;
 use crate::nvrtc::{self, CompileError};
 
+pub mod ops;
+pub mod q8;
+
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("no CUDA driver found: libcuda.so.1 cannot be loaded (no NVIDIA driver on this machine, or not on the library path)")]
@@ -76,7 +79,8 @@ impl Gpu {
         if !driver_present() {
             return Err(GpuError::NoDriver);
         }
-        let ctx = CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
         let capability = ctx.compute_capability()?;
         let name = ctx.name()?;
         let arch = nvrtc::arch_name(capability.0, capability.1);
@@ -106,10 +110,24 @@ impl Gpu {
     }
 }
 
+/// Environment variable naming a directory of precompiled `<kernel>.ptx` files: set where
+/// the device's NVRTC is not the one this build loads (e.g. CUDA 13 with a CUDA 12 build).
+pub const PTX_DIR_ENV: &str = "INFERLOOP_KERNELS_PTX";
+
+impl Gpu {
+    /// [`Gpu::open_with_ptx`] when [`PTX_DIR_ENV`] is set, else [`Gpu::open`].
+    pub fn open_default(ordinal: usize) -> Result<Self, GpuError> {
+        match std::env::var_os(PTX_DIR_ENV) {
+            Some(dir) => Self::open_with_ptx(ordinal, Path::new(&dir)),
+            None => Self::open(ordinal),
+        }
+    }
+}
+
 /// A GPU for tests, or `None` with the reason printed (the test then checks nothing on the
 /// GPU and says so).
 pub fn test_gpu() -> Option<Gpu> {
-    match Gpu::open(0) {
+    match Gpu::open_default(0) {
         Ok(g) => Some(g),
         Err(e) => {
             eprintln!("GPU test skipped: {e}");

@@ -1,0 +1,292 @@
+//! Q8_0 GEMV throughput against the device's copy bandwidth, measured in the same run.
+//!
+//! One row per {kernel, shape, batch}: `gbps` counts the weight and activation bytes read
+//! per second; `ceiling_gbps` is the copy bandwidth (bytes read + written, as STREAM and
+//! CUDA's bandwidth tests count it); `ratio = gbps / ceiling_gbps`. On the CPU, `read_gbps`
+//! (a streaming read) is reported too: a GEMV only reads, so that is its own ceiling.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+
+use inferloop_kernels::bandwidth;
+use inferloop_kernels::cpu::simd::Isa;
+use inferloop_kernels::q8::{self, Q8Matrix};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Parser)]
+#[command(about = "Q8_0 GEMV bandwidth on the CPU twin or a CUDA GPU")]
+struct Args {
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// CPU threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Right-hand columns per GEMV.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    batch: Vec<usize>,
+    /// Timed repetitions per row (the best counts).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// Only the default model's shapes (a quick run).
+    #[arg(long)]
+    small: bool,
+}
+
+/// A weight matrix the models have: rows x k.
+struct Shape {
+    name: &'static str,
+    rows: usize,
+    k: usize,
+}
+
+const SHAPES: &[Shape] = &[
+    Shape {
+        name: "smollm2-135m attn 576x576",
+        rows: 576,
+        k: 576,
+    },
+    Shape {
+        name: "smollm2-135m ffn_up 1536x576",
+        rows: 1536,
+        k: 576,
+    },
+    Shape {
+        name: "smollm2-135m ffn_down 576x1536",
+        rows: 576,
+        k: 1536,
+    },
+    Shape {
+        name: "smollm2-135m output 49152x576",
+        rows: 49152,
+        k: 576,
+    },
+    Shape {
+        name: "llama3-8b attn 4096x4096",
+        rows: 4096,
+        k: 4096,
+    },
+    Shape {
+        name: "llama3-8b ffn_up 14336x4096",
+        rows: 14336,
+        k: 4096,
+    },
+    Shape {
+        name: "llama3-8b ffn_down 4096x14336",
+        rows: 4096,
+        k: 14336,
+    },
+];
+
+#[derive(Serialize)]
+struct Row {
+    kernel: &'static str,
+    shape: String,
+    batch: usize,
+    device: String,
+    gbps: f64,
+    ceiling_gbps: f64,
+    ratio: f64,
+    /// CPU only: streaming read bandwidth and the ratio against it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_ratio: Option<f64>,
+    /// GPU memory (or SM) clock read during the run, when the platform says.
+    clock_mhz: Option<f64>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.batch.iter().any(|&b| !(1..=8).contains(&b)) {
+        bail!("--batch takes 1 to 8 columns");
+    }
+    let shapes: Vec<&Shape> = SHAPES
+        .iter()
+        .filter(|s| !args.small || s.name.starts_with("smollm2"))
+        .collect();
+    let rows = match args.device {
+        Device::Cpu => cpu_rows(&args, &shapes)?,
+        Device::Cuda => cuda::rows(&args, &shapes)?,
+    };
+    println!(
+        "{:<32} {:>5} {:>9} {:>9} {:>6} {:>9} {:>6}",
+        "shape", "batch", "GB/s", "ceiling", "ratio", "read", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<32} {:>5} {:>9.1} {:>9.1} {:>6.2} {:>9} {:>6}",
+            r.shape,
+            r.batch,
+            r.gbps,
+            r.ceiling_gbps,
+            r.ratio,
+            r.read_gbps.map_or("-".into(), |v| format!("{v:.1}")),
+            r.read_ratio.map_or("-".into(), |v| format!("{v:.2}")),
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A random Q8_0 matrix (scales and quants drawn from a fixed LCG: reproducible, no deps).
+fn random_q8(rows: usize, k: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    let mut x = Vec::with_capacity(k);
+    let mut out = Vec::with_capacity(rows * q8::row_bytes(k));
+    for _ in 0..rows {
+        x.clear();
+        x.extend((0..k).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0));
+        q8::quantize_row(&x, &mut out);
+    }
+    out
+}
+
+fn activations(k: usize, batch: usize) -> Vec<f32> {
+    (0..k * batch)
+        .map(|i| ((i % 97) as f32 - 48.0) / 48.0)
+        .collect()
+}
+
+fn cpu_rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let isa = Isa::detect();
+    // 256 MiB: far beyond the caches, like the 8B model's weights.
+    let ceiling = bandwidth::cpu_copy_gbps(256 << 20, threads, 5);
+    let read = bandwidth::cpu_read_gbps(256 << 20, threads, 5);
+    eprintln!("cpu: {isa:?}, {threads} threads, copy {ceiling:.1} GB/s, read {read:.1} GB/s");
+    let mut rows = Vec::new();
+    for shape in shapes {
+        let bytes = random_q8(shape.rows, shape.k);
+        let w = Q8Matrix::new(&bytes, shape.rows, shape.k)?;
+        for &batch in &args.batch {
+            let x = activations(shape.k, batch);
+            let mut y = vec![0f32; shape.rows * batch];
+            let mut fastest = f64::INFINITY;
+            for _ in 0..args.reps.max(1) + 1 {
+                let t = Instant::now();
+                inferloop_kernels::cpu::gemv::gemv(isa, threads, &w, &x, batch, &mut y)?;
+                fastest = fastest.min(t.elapsed().as_secs_f64());
+            }
+            let moved = bytes.len() + x.len() * 4;
+            let gbps = moved as f64 / fastest / 1e9;
+            rows.push(Row {
+                kernel: "q8_gemv",
+                shape: shape.name.to_string(),
+                batch,
+                device: format!("cpu {isa:?} x{threads}"),
+                gbps,
+                ceiling_gbps: ceiling,
+                ratio: gbps / ceiling,
+                read_gbps: Some(read),
+                read_ratio: Some(gbps / read),
+                clock_mhz: None,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The memory (else SM, else GPU) clock the thermal sources report now, in MHz.
+fn gpu_clock_mhz() -> Option<f64> {
+    let mut source = inferloop_thermal::open_auto(std::path::Path::new("/sys"), None).ok()?;
+    let snapshot = source.sample().ok()?;
+    ["memory", "emc", "sm", "gpu"].iter().find_map(|d| {
+        snapshot
+            .clocks
+            .iter()
+            .find(|c| c.domain == *d)
+            .map(|c| c.hz as f64 / 1e6)
+    })
+}
+
+mod cuda {
+    use super::*;
+    use inferloop_kernels::cuda::{q8 as gpu_q8, Gpu};
+
+    /// Device-to-device copy bandwidth (bytes read + written) over 1 GiB, best of `reps`.
+    fn copy_gbps(gpu: &Gpu, reps: usize) -> Result<f64> {
+        let n = 1usize << 30;
+        let src = gpu.stream.alloc_zeros::<u8>(n)?;
+        let mut dst = gpu.stream.alloc_zeros::<u8>(n)?;
+        let mut fastest = f64::INFINITY;
+        for _ in 0..reps.max(1) + 1 {
+            gpu.stream.synchronize()?;
+            let t = Instant::now();
+            gpu.stream.memcpy_dtod(&src, &mut dst)?;
+            gpu.stream.synchronize()?;
+            fastest = fastest.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * n as f64 / fastest / 1e9)
+    }
+
+    pub fn rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
+        let gpu = Gpu::open_default(0)?;
+        let ceiling = copy_gbps(&gpu, 10)?;
+        eprintln!(
+            "cuda: {} (sm_{}{}), device-to-device copy {ceiling:.1} GB/s",
+            gpu.name, gpu.capability.0, gpu.capability.1
+        );
+        let mut rows = Vec::new();
+        for shape in shapes {
+            let bytes = random_q8(shape.rows, shape.k);
+            let w = gpu.stream.clone_htod(&bytes)?;
+            for &batch in &args.batch {
+                let x = gpu.stream.clone_htod(&activations(shape.k, batch))?;
+                let mut y = gpu.stream.alloc_zeros::<f32>(shape.rows * batch)?;
+                // Enough launches per timing that launch overhead does not dominate.
+                let launches = (256usize << 20).div_ceil(bytes.len()).clamp(1, 200);
+                let mut fastest = f64::INFINITY;
+                let mut clock = None;
+                for _ in 0..args.reps.max(1) + 1 {
+                    gpu.stream.synchronize()?;
+                    let t = Instant::now();
+                    for _ in 0..launches {
+                        gpu_q8::gemv_into(&gpu, &w, shape.rows, shape.k, &x, batch, &mut y)?;
+                    }
+                    if clock.is_none() {
+                        clock = gpu_clock_mhz();
+                    }
+                    gpu.stream.synchronize()?;
+                    fastest = fastest.min(t.elapsed().as_secs_f64() / launches as f64);
+                }
+                let moved = bytes.len() + shape.k * batch * 4;
+                let gbps = moved as f64 / fastest / 1e9;
+                rows.push(Row {
+                    kernel: "q8_gemv",
+                    shape: shape.name.to_string(),
+                    batch,
+                    device: format!("cuda {}", gpu.name),
+                    gbps,
+                    ceiling_gbps: ceiling,
+                    ratio: gbps / ceiling,
+                    read_gbps: None,
+                    read_ratio: None,
+                    clock_mhz: clock,
+                });
+            }
+        }
+        Ok(rows)
+    }
+}

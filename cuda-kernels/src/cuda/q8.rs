@@ -1,0 +1,291 @@
+//! Launch wrappers for the Q8_0 linear kernels (`q8_gemv.cu`, `quantize.cu`, `q8_gemm.cu`);
+//! their CPU twins are [`crate::cpu::gemv`], [`crate::cpu::quantize`], [`crate::cpu::gemm`].
+//! Layouts are the twins': `x` / `y` are consecutive column vectors (one per token),
+//! weights are Q8_0 rows exactly as in the GGUF file.
+//!
+//! The launch shapes below mirror the kernels' default tuning macros; a module compiled
+//! with other `-D` values needs matching constants.
+
+use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+
+use super::{Gpu, GpuError};
+use crate::cpu::gemv::ShapeError;
+use crate::q8::{row_bytes, LayoutError, QK};
+
+/// Columns one GEMV launch takes (the kernel's `Q8_GEMV_MAX_COLS`); more go in passes.
+pub const GEMV_MAX_COLS: usize = 8;
+/// Warps (rows) per GEMV thread block: `Q8_GEMV_ROWS_PER_BLOCK`.
+pub const GEMV_ROWS_PER_BLOCK: usize = 4;
+/// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
+pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
+/// GEMM tile: `16 * Q8_GEMM_TR` rows by `16 * Q8_GEMM_TT` tokens, 16 x 16 threads.
+pub const GEMM_TILE_ROWS: usize = 64;
+pub const GEMM_TILE_TOKENS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Q8Error {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("{what} = {value} does not fit the kernel's launch limits")]
+    TooLarge { what: &'static str, value: usize },
+}
+
+impl From<DriverError> for Q8Error {
+    fn from(e: DriverError) -> Self {
+        Q8Error::Gpu(GpuError::Driver(e))
+    }
+}
+
+impl From<LayoutError> for Q8Error {
+    fn from(e: LayoutError) -> Self {
+        Q8Error::Shape(e.into())
+    }
+}
+
+/// Activations quantized on the device: `q[rows * k]` int8, `d[rows * k / 32]` f32 (the
+/// layout of [`crate::cpu::quantize::Q8Act`]).
+pub struct DeviceQ8Act {
+    pub q: CudaSlice<i8>,
+    pub d: CudaSlice<f32>,
+    pub rows: usize,
+    pub k: usize,
+}
+
+fn check_len(what: &'static str, got: usize, a: usize, b: usize) -> Result<(), Q8Error> {
+    match a.checked_mul(b) {
+        Some(expected) if expected == got => Ok(()),
+        expected => Err(ShapeError::Len {
+            what,
+            expected: expected.unwrap_or(usize::MAX),
+            got,
+        }
+        .into()),
+    }
+}
+
+fn int(what: &'static str, value: usize) -> Result<i32, Q8Error> {
+    i32::try_from(value).map_err(|_| Q8Error::TooLarge { what, value })
+}
+
+fn check_weights(w: &CudaSlice<u8>, rows: usize, k: usize) -> Result<(), Q8Error> {
+    if k == 0 || k % QK != 0 {
+        return Err(LayoutError::RowNotBlocks { k }.into());
+    }
+    let need = rows.checked_mul(row_bytes(k)).ok_or(Q8Error::TooLarge {
+        what: "rows",
+        value: rows,
+    })?;
+    if w.len() != need {
+        return Err(LayoutError::Size {
+            rows,
+            k,
+            need,
+            got: w.len(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// `y = W x` for `ncols` columns into a new buffer of `ncols * rows` floats.
+pub fn gemv(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    k: usize,
+    x: &CudaSlice<f32>,
+    ncols: usize,
+) -> Result<CudaSlice<f32>, Q8Error> {
+    let n = ncols.checked_mul(rows).ok_or(Q8Error::TooLarge {
+        what: "ncols",
+        value: ncols,
+    })?;
+    let mut y = gpu.stream.alloc_zeros::<f32>(n)?;
+    gemv_into(gpu, w, rows, k, x, ncols, &mut y)?;
+    Ok(y)
+}
+
+/// `y = W x`: `q8_gemv_f32(w, x, y, rows, k, ncols)`, block 32 * [`GEMV_ROWS_PER_BLOCK`],
+/// grid ceil(rows / [`GEMV_ROWS_PER_BLOCK`]), one launch per [`GEMV_MAX_COLS`] columns.
+pub fn gemv_into(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    k: usize,
+    x: &CudaSlice<f32>,
+    ncols: usize,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), Q8Error> {
+    check_weights(w, rows, k)?;
+    check_len("x", x.len(), ncols, k)?;
+    check_len("y", y.len(), ncols, rows)?;
+    let (rows_i, k_i) = (int("rows", rows)?, int("k", k)?);
+    if rows == 0 || ncols == 0 {
+        return Ok(());
+    }
+    let f = gpu.function("q8_gemv", "q8_gemv_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            int("rows", rows.div_ceil(GEMV_ROWS_PER_BLOCK))? as u32,
+            1,
+            1,
+        ),
+        block_dim: (32 * GEMV_ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut c0 = 0;
+    while c0 < ncols {
+        let n = (ncols - c0).min(GEMV_MAX_COLS);
+        let xv = x.slice(c0 * k..(c0 + n) * k);
+        let mut yv = y.slice_mut(c0 * rows..(c0 + n) * rows);
+        let n_i = n as i32;
+        let mut launch = gpu.stream.launch_builder(&f);
+        launch
+            .arg(w)
+            .arg(&xv)
+            .arg(&mut yv)
+            .arg(&rows_i)
+            .arg(&k_i)
+            .arg(&n_i);
+        // SAFETY: the argument list matches the kernel's signature, and the shapes checked
+        // above keep every access inside the buffers.
+        unsafe { launch.launch(cfg) }?;
+        c0 += n;
+    }
+    Ok(())
+}
+
+/// Quantizes `rows` rows of `k` floats into a new [`DeviceQ8Act`].
+pub fn quantize(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    k: usize,
+) -> Result<DeviceQ8Act, Q8Error> {
+    if k == 0 || k % QK != 0 {
+        return Err(LayoutError::RowNotBlocks { k }.into());
+    }
+    check_len("x", x.len(), rows, k)?;
+    let mut act = DeviceQ8Act {
+        q: gpu.stream.alloc_zeros::<i8>(x.len())?,
+        d: gpu.stream.alloc_zeros::<f32>(x.len() / QK)?,
+        rows,
+        k,
+    };
+    quantize_into(gpu, x, &mut act.q, &mut act.d)?;
+    Ok(act)
+}
+
+/// `quantize_q8_f32(x, q, d, nblocks)`, nblocks = x.len() / 32, block 32 *
+/// [`QUANTIZE_BLOCKS_PER_CTA`], grid ceil(nblocks / [`QUANTIZE_BLOCKS_PER_CTA`]).
+pub fn quantize_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    q: &mut CudaSlice<i8>,
+    d: &mut CudaSlice<f32>,
+) -> Result<(), Q8Error> {
+    if x.len() % QK != 0 {
+        return Err(LayoutError::RowNotBlocks { k: x.len() }.into());
+    }
+    let nblocks = x.len() / QK;
+    check_len("q", q.len(), x.len(), 1)?;
+    check_len("d", d.len(), nblocks, 1)?;
+    let nb_i = int("blocks", nblocks)?;
+    if nblocks == 0 {
+        return Ok(());
+    }
+    let f = gpu.function("quantize", "quantize_q8_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            int("blocks", nblocks.div_ceil(QUANTIZE_BLOCKS_PER_CTA))? as u32,
+            1,
+            1,
+        ),
+        block_dim: (32 * QUANTIZE_BLOCKS_PER_CTA as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = gpu.stream.launch_builder(&f);
+    launch.arg(x).arg(q).arg(d).arg(&nb_i);
+    // SAFETY: the argument list matches the kernel's signature; q and d were checked to
+    // hold nblocks blocks.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// `Y = W X` for the quantized tokens `x` into a new buffer of `x.rows * rows` floats.
+pub fn gemm(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    k: usize,
+    x: &DeviceQ8Act,
+) -> Result<CudaSlice<f32>, Q8Error> {
+    let n = x.rows.checked_mul(rows).ok_or(Q8Error::TooLarge {
+        what: "tokens",
+        value: x.rows,
+    })?;
+    let mut y = gpu.stream.alloc_zeros::<f32>(n)?;
+    gemm_into(gpu, w, rows, k, x, &mut y)?;
+    Ok(y)
+}
+
+/// `q8_gemm_f32(w, xq, xd, y, rows, k, tokens)`, block (16, 16), grid
+/// (ceil(rows / [`GEMM_TILE_ROWS`]), ceil(tokens / [`GEMM_TILE_TOKENS`])), static shared
+/// memory only (about 19 KiB).
+pub fn gemm_into(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    k: usize,
+    x: &DeviceQ8Act,
+    y: &mut CudaSlice<f32>,
+) -> Result<(), Q8Error> {
+    check_weights(w, rows, k)?;
+    if x.k != k {
+        return Err(ShapeError::Len {
+            what: "an activation row",
+            expected: k,
+            got: x.k,
+        }
+        .into());
+    }
+    check_len("x.q", x.q.len(), x.rows, k)?;
+    check_len("x.d", x.d.len(), x.rows, k / QK)?;
+    check_len("y", y.len(), x.rows, rows)?;
+    let (rows_i, k_i, t_i) = (int("rows", rows)?, int("k", k)?, int("tokens", x.rows)?);
+    if rows == 0 || x.rows == 0 {
+        return Ok(());
+    }
+    let gy = x.rows.div_ceil(GEMM_TILE_TOKENS);
+    if gy > 65535 {
+        return Err(Q8Error::TooLarge {
+            what: "tokens",
+            value: x.rows,
+        });
+    }
+    let f = gpu.function("q8_gemm", "q8_gemm_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            int("rows", rows.div_ceil(GEMM_TILE_ROWS))? as u32,
+            gy as u32,
+            1,
+        ),
+        block_dim: (16, 16, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = gpu.stream.launch_builder(&f);
+    launch
+        .arg(w)
+        .arg(&x.q)
+        .arg(&x.d)
+        .arg(y)
+        .arg(&rows_i)
+        .arg(&k_i)
+        .arg(&t_i);
+    // SAFETY: the argument list matches the kernel's signature; every buffer was checked
+    // against rows, k and tokens above.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The CUDA checks, on a machine with an NVIDIA GPU and no Rust toolchain: runs the kernel
+# tests (every CUDA kernel against its CPU twin) and `q8-bench --device cuda`, and writes
+# JSON under out/. Takes a bundle made here by `make device-bundle` (out/device/: the test
+# executables, q8-bench, and PTX for sm_87 and sm_90 from `make kernels-check`).
+#
+#   x86-64 GPU box:  make device-bundle; copy out/device/ over; run  device/device-check.sh
+#   Jetson (Orin):   make device-bundle TARGET=aarch64-unknown-linux-gnu, same steps. JetPack's
+#                    own NVRTC compiles the kernels (/usr/local/cuda/lib64 on LD_LIBRARY_PATH);
+#                    PTX_DIR=device/ptx/sm_87 uses the bundled PTX instead.
+#
+# Where the device's libnvrtc is not libnvrtc.so.12 (a CUDA 13 machine), the bundled PTX for
+# the GPU's architecture is loaded through the driver alone; a newer driver JIT-compiles it.
+# Finishes in well under 5 minutes.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$here/../out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ -z "${PTX_DIR:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.12' \
+    && [ ! -e /usr/local/cuda/lib64/libnvrtc.so.12 ]; then
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+    PTX_DIR="$here/ptx/sm_${cc:-90}"
+    [ -d "$PTX_DIR" ] || PTX_DIR="$here/ptx/sm_90"
+fi
+[ -n "${PTX_DIR:-}" ] && export INFERLOOP_KERNELS_PTX="$PTX_DIR" && echo "device-check: PTX from $PTX_DIR"
+
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.memory --format=csv > "$out/gpu.csv" 2>&1
+status=0
+for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    echo "== $name"
+    if ! timeout 120 "$t" --test-threads=1 --nocapture > "$out/test-$name.log" 2>&1; then
+        echo "FAILED: $name (see $out/test-$name.log)"; status=1
+    fi
+    grep -E "test result|GPU test skipped" "$out/test-$name.log" | sort | uniq -c
+done
+echo "== q8-bench --device cuda"
+timeout 150 "$here/q8-bench" --device cuda --json "$out/q8-bench-cuda.json" || status=1
+echo "== q8-bench --device cpu --small"
+timeout 60 "$here/q8-bench" --device cpu --small --json "$out/q8-bench-cpu.json" || status=1
+exit $status
