@@ -46,7 +46,11 @@ pub struct AttnShape {
 
 impl AttnShape {
     pub fn check(&self) -> Result<(), ShapeError> {
-        let bad = |why: &str| Err(ShapeError::Unsupported(format!("attention {self:?}: {why}")));
+        let bad = |why: &str| {
+            Err(ShapeError::Unsupported(format!(
+                "attention {self:?}: {why}"
+            )))
+        };
         if self.head_dim == 0 || self.head_dim % 32 != 0 || self.head_dim > MAX_HEAD_DIM {
             return bad("head_dim must be a multiple of 32 up to 128");
         }
@@ -79,9 +83,10 @@ impl AttnShape {
         max_kv.div_ceil(chunk.max(1))
     }
 
-    /// Floats of the GPU's partial-result workspace for `max_kv` positions in `chunk`s.
+    /// Floats of the GPU's partial-result workspace for `max_kv` positions in `chunk`s (at
+    /// least one chunk: the launch has one even when no sequence has a position).
     pub fn workspace_len(&self, max_kv: usize, chunk: usize) -> usize {
-        self.n_seq * self.n_head * Self::chunks(max_kv, chunk) * (self.head_dim + 2)
+        self.n_seq * self.n_head * Self::chunks(max_kv, chunk).max(1) * (self.head_dim + 2)
     }
 }
 
@@ -106,7 +111,9 @@ pub fn attention_decode(
     check_len("attention v", v.len(), shape.kv_len())?;
     check_len("attention kv_len", kv_len.len(), shape.n_seq)?;
     if chunk == 0 {
-        return Err(ShapeError::Unsupported("attention chunk of 0 positions".into()));
+        return Err(ShapeError::Unsupported(
+            "attention chunk of 0 positions".into(),
+        ));
     }
     if let Some(&n) = kv_len.iter().find(|&&n| n > shape.n_ctx) {
         return Err(ShapeError::Unsupported(format!(
@@ -121,7 +128,10 @@ pub fn attention_decode(
     let mut scores = Vec::with_capacity(chunk);
     let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::new();
     for s in 0..shape.n_seq {
-        let (ks, vs) = (&k[s * seq_kv..(s + 1) * seq_kv], &v[s * seq_kv..(s + 1) * seq_kv]);
+        let (ks, vs) = (
+            &k[s * seq_kv..(s + 1) * seq_kv],
+            &v[s * seq_kv..(s + 1) * seq_kv],
+        );
         for h in 0..shape.n_head {
             let at = (s * shape.n_head + h) * hd;
             let qh = &q[at..at + hd];

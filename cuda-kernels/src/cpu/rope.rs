@@ -40,8 +40,11 @@ impl Rope {
                 self.rot_dims, self.head_dim, self.n_head
             )));
         }
-        if !(self.theta_base > 0.0) {
-            return Err(ShapeError::Unsupported(format!("rope base {}", self.theta_base)));
+        if self.theta_base.is_nan() || self.theta_base <= 0.0 {
+            return Err(ShapeError::Unsupported(format!(
+                "rope base {}",
+                self.theta_base
+            )));
         }
         Ok(())
     }
@@ -66,10 +69,15 @@ fn powi(mut b: f64, mut e: usize) -> f64 {
     p
 }
 
-// Shortest literals of the f64 constants, the same text as in rope.cu.
-const TWO_OVER_PI: f64 = 0.6366197723675814;
+// The f64 constants are the same values as rope.cu's literals (printed shortest there):
+// 2/pi is 0.6366197723675814.
+const TWO_OVER_PI: f64 = std::f64::consts::FRAC_2_PI;
 // pi/2 in three 33-bit parts (fdlibm's), so that k * part is exact for the k that occur.
-const PIO2: [f64; 3] = [1.5707963267341256, 6.077100506303966e-11, 2.0222662487111665e-21];
+const PIO2: [f64; 3] = [
+    1.5707963267341256,
+    6.077100506303966e-11,
+    2.0222662487111665e-21,
+];
 // (-1)^k / (2k+1)!, k = 7 down to 1, and (-1)^k / (2k)!, k = 8 down to 1.
 const SIN: [f64; 7] = [
     -7.647163731819816e-13,

@@ -57,10 +57,10 @@ pub(crate) fn check_rows(what: &'static str, got: usize, of: usize) -> Result<us
 
 // expf's constants: the shortest literals of the f32 values, the same text as in the
 // kernels' `il_expf` (so both compilers pick the same bits).
-const LOG2E: f32 = 1.442695; // 0x3fb8aa3b
+const LOG2E: f32 = std::f32::consts::LOG2_E; // 0x3fb8aa3b, the kernels' 1.442695f
 const LN2_HI: f32 = 0.69314575; // 0x3f317200, exact in 16 bits so k * LN2_HI is exact
 const LN2_LO: f32 = 1.4286068e-6; // 0x35bfbe8e
-// Taylor coefficients 1/7! … 1/2!; degree 7 leaves < 0.1 ulp on |r| <= ln2/2.
+                                  // Taylor coefficients 1/7! … 1/2!; degree 7 leaves < 0.1 ulp on |r| <= ln2/2.
 const C7: f32 = 0.0001984127;
 const C6: f32 = 0.0013888889;
 const C5: f32 = 0.008333334;
@@ -477,11 +477,17 @@ mod tests {
         assert_eq!(expf(-87.5), 0.0);
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf(0.0), 1.0);
+        // The kernels write these as literals.
+        assert_eq!(LOG2E.to_bits(), 0x3fb8_aa3b);
+        assert_eq!(LN2_HI.to_bits(), 0x3f31_7200);
+        assert_eq!(LN2_LO.to_bits(), 0x35bf_be8e);
     }
 
     #[test]
     fn vector_paths_equal_scalar_bit_for_bit() {
-        let x: Vec<f32> = (0..203).map(|i| (i as f32 * 0.731).sin() * 90.0 - 40.0).collect();
+        let x: Vec<f32> = (0..203)
+            .map(|i| (i as f32 * 0.731).sin() * 90.0 - 40.0)
+            .collect();
         for isa in Isa::available() {
             let mut a = x.clone();
             exp_sub(isa, &mut a, 3.0);
