@@ -3,7 +3,7 @@
 #   make run    install deps, fetch the model, build, start the server
 #   make test   fmt + clippy + Rust tests + Python (openai client) tests
 #
-# Variables you may override: MODEL, HOST, PORT, ARGS (extra serve flags),
+# Variables you may override: MODEL, MODEL_Q8, HOST, PORT, ARGS (extra serve flags),
 # BENCH_ARGS (extra bench.py flags), PYTHON.
 
 SHELL := bash
@@ -15,6 +15,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 PYTHON ?= python3
 MODEL  ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_Q8 ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 ARGS   ?=
@@ -30,7 +31,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model build run test pytest bench bench-peer bench-prefix kernels-check kernel-bench device-bundle fmt clippy clean venv
+.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix kernels-check kernel-bench device-bundle fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -38,6 +39,8 @@ help:
 	@echo "  test     fmt check, clippy, cargo test (release), Python client tests"
 	@echo "  deps     install system packages / check the Rust toolchain"
 	@echo "  model    download and verify $(MODEL)"
+	@echo "  model-q8 $(MODEL_Q8), quantized from $(MODEL) by inferloopd quantize"
+	@echo "  golden   llama.cpp vs the native forward pass on $(MODEL_Q8), bench/golden-prompts.txt -> out/golden.json"
 	@echo "  build    cargo build --release"
 	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
@@ -45,6 +48,7 @@ help:
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
+	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
@@ -55,6 +59,25 @@ deps:
 
 model:
 	scripts/fetch-model.sh
+
+# The Q8_0 weights the native engine reads, made from $(MODEL) by llama.cpp's own quantizer
+# (a second); redone only when $(MODEL) is newer.
+model-q8: model build
+	@if [ -f $(MODEL_Q8) ] && [ $(MODEL_Q8) -nt $(MODEL) ]; then \
+	  echo "$(MODEL_Q8) is up to date"; \
+	else \
+	  ./$(BIN) quantize --in $(MODEL) --out $(MODEL_Q8) --type q8_0; \
+	fi
+
+# llama.cpp and the native forward pass on the same tokens of every prompt (plus a greedy
+# continuation), compared position by position: top-1 agreement, KL, logit difference.
+# GOLDEN_ARGS adds flags (--continue N, --threads N, --reference F32.gguf).
+GOLDEN_ARGS ?=
+.PHONY: golden
+golden: model-q8
+	mkdir -p out
+	./$(BIN) golden --model $(MODEL_Q8) --prompts bench/golden-prompts.txt --json $(GOLDEN_ARGS) > out/golden.json
+	cat out/golden.json
 
 build: deps
 	cargo build --release $(LOCKED)
@@ -126,6 +149,12 @@ kernel-bench:
 	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench
 	mkdir -p out/kernels
 	target/release/q8-bench --device $(DEVICE) --json out/kernels/bench-$(DEVICE).json $(BENCH_ARGS)
+
+# The GGUF reader against a million seeded mutations of the real header: no panic, no
+# allocation beyond the input's size (~30 minutes on 2 cores; make test runs 10,000).
+.PHONY: fuzz-gguf
+fuzz-gguf: model
+	GGUF_MUTATIONS=1000000 cargo test --release $(LOCKED) -p inferloop-gguf --test mutation -- --nocapture
 
 fmt:
 	cargo fmt --all

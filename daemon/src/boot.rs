@@ -1,11 +1,13 @@
 //! Boot gates, run before anything large is allocated: the weights against the manifest
-//! (exit 3), then the memory ledger against the limits (exit 1).
+//! (exit 3), the backend and device choice (exit 2), then the memory ledger against the
+//! limits (exit 1).
 
 use std::sync::{Arc, OnceLock};
 
 use inferloop_manifest::{verify_weights, IntegrityError, VerifyCache};
 
 use crate::config::ServeConfig;
+use crate::engine::select::{self, SelectError, Selection};
 use crate::engine::EnginePlan;
 use crate::exit::ExitCode;
 use crate::ledger::{read_limits, read_shape, Decision, GgufError, Plan};
@@ -19,6 +21,8 @@ pub enum BootError {
     Memory(Box<Decision>),
     #[error("cannot size the model: {0}")]
     Model(#[from] GgufError),
+    #[error(transparent)]
+    Select(#[from] SelectError),
 }
 
 impl From<IntegrityError> for BootError {
@@ -33,6 +37,7 @@ impl BootError {
             Self::Integrity(_) => ExitCode::Integrity,
             Self::Memory(_) => ExitCode::MemoryRefused,
             Self::Model(_) => ExitCode::ModelLoad,
+            Self::Select(_) => ExitCode::Usage,
         }
     }
 }
@@ -43,6 +48,8 @@ pub struct Passed {
     /// The engine's shape, derived once: the ledger sized it, the backend allocates it,
     /// `/v1/status` and `/metrics` report it.
     pub plan: EnginePlan,
+    /// The backend and device that serve, resolved once.
+    pub selection: Selection,
     pub decision: Decision,
     /// The weights' SHA-256 when a manifest pinned it.
     pub pinned_sha256: Option<String>,
@@ -69,9 +76,28 @@ pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>,
     )))
 }
 
-/// Computes the ledger from the GGUF header and decides against the limits read under the
-/// configured `/proc` and `/sys` roots (`--proc-root`, `--sysfs-root`).
-pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decision, GgufError> {
+/// Resolves `--backend` and `--device` against this machine and the weights; logs why.
+pub fn select_backend(config: &ServeConfig) -> Result<Selection, SelectError> {
+    let selection = select::select(config.backend, config.device, select::probe_gpu, || {
+        select::first_non_q8_0(&config.model)
+    })?;
+    tracing::info!(
+        backend = selection.backend.name(),
+        device = selection.device.name(),
+        why = %selection.why,
+        "backend selected"
+    );
+    Ok(selection)
+}
+
+/// Computes the ledger (for `selection`'s backend) from the GGUF header and decides against
+/// the limits read under the configured `/proc` and `/sys` roots (`--proc-root`,
+/// `--sysfs-root`).
+pub fn check_memory(
+    config: &ServeConfig,
+    engine: &EnginePlan,
+    selection: &Selection,
+) -> Result<Decision, GgufError> {
     let shape = read_shape(&config.model)?;
     let plan = Plan {
         slots: engine.slots as u64,
@@ -81,6 +107,7 @@ pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decisio
         prefix_slots: engine.prefix_slots as u64,
         n_ubatch: u64::from(engine.n_ubatch),
         margin_bytes: config.memory_margin,
+        backend: selection.backend,
     };
     Ok(Decision::new(
         shape,
@@ -93,7 +120,8 @@ pub fn check_memory(config: &ServeConfig, engine: &EnginePlan) -> Result<Decisio
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     let pinned = check_integrity(config)?;
     let plan = EnginePlan::from_config(config);
-    let decision = check_memory(config, &plan)?;
+    let selection = select_backend(config)?;
+    let decision = check_memory(config, &plan, &selection)?;
     if !decision.fits {
         return Err(BootError::Memory(Box::new(decision)));
     }
@@ -106,6 +134,7 @@ pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
         .unwrap_or_default();
     Ok(Passed {
         plan,
+        selection,
         decision,
         pinned_sha256,
         manifest_sha256,

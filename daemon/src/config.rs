@@ -72,6 +72,55 @@ impl std::str::FromStr for Switch {
     }
 }
 
+/// Which engine computes tokens (`--backend`). `auto` picks the native engine on a CUDA GPU
+/// with Q8_0 weights, llama.cpp otherwise (see [`crate::engine::select`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    #[default]
+    Auto,
+    Llama,
+    Native,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "llama" => Ok(Self::Llama),
+            "native" => Ok(Self::Native),
+            other => Err(format!(
+                "expected `auto`, `llama` or `native`, got `{other}`"
+            )),
+        }
+    }
+}
+
+/// Where the engine computes (`--device`). `auto` is CUDA when a CUDA GPU is found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            other => Err(format!("expected `auto`, `cpu` or `cuda`, got `{other}`")),
+        }
+    }
+}
+
 /// One layer of settings; every field optional so layers can be merged.
 /// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
 #[derive(Debug, Default, Clone, Deserialize, clap::Args)]
@@ -101,6 +150,14 @@ pub struct ServeLayer {
     /// CPU threads for llama.cpp.
     #[arg(long)]
     pub threads: Option<i32>,
+    /// Engine: `llama` (llama.cpp), `native` (Q8_0 weights only) or `auto` (default: native
+    /// on a CUDA GPU with Q8_0 weights, llama.cpp otherwise).
+    #[arg(long, value_name = "auto|llama|native")]
+    pub backend: Option<BackendChoice>,
+    /// Where the engine computes: `cpu`, `cuda` or `auto` (default: CUDA when a CUDA GPU is
+    /// found).
+    #[arg(long, value_name = "auto|cpu|cuda")]
+    pub device: Option<DeviceChoice>,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long)]
     pub api_key: Option<String>,
@@ -207,6 +264,10 @@ pub struct ServeConfig {
     pub queue: usize,
     pub ctx: u32,
     pub threads: i32,
+    /// `--backend` and `--device` as asked; resolved against the hardware and the weights
+    /// at boot ([`crate::engine::select`]).
+    pub backend: BackendChoice,
+    pub device: DeviceChoice,
     pub api_key: Option<String>,
     pub queue_timeout: Duration,
     pub shutdown_timeout: Duration,
@@ -454,6 +515,8 @@ impl ServeConfig {
             queue: l.queue.unwrap_or(16),
             ctx,
             threads,
+            backend: l.backend.unwrap_or_default(),
+            device: l.device.unwrap_or_default(),
             api_key,
             queue_timeout,
             shutdown_timeout,

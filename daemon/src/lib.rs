@@ -15,16 +15,22 @@
 //!   decode thread reads, the thermal metrics, and the readings for `inferloopd thermal`.
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`server`]: the process lifecycle: bind, load, ready, drain on shutdown.
+//! - [`quantize`]: `inferloopd quantize`, a GGUF model rewritten at another weight type by
+//!   llama.cpp's quantizer (temporary file, renamed on success).
+//! - [`golden`]: `inferloopd golden`, llama.cpp and the native forward pass compared on the
+//!   same tokens (top-1 agreement, KL, logit difference per position).
 //! - [`exit`]: the documented exit codes.
 
 pub mod boot;
 pub mod config;
 pub mod engine;
 pub mod exit;
+pub mod golden;
 pub mod http;
 pub mod ledger;
 pub mod metrics;
 pub mod notify;
+pub mod quantize;
 pub mod server;
 pub mod thermal;
 pub mod validate;

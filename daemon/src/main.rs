@@ -11,6 +11,8 @@ use inferloop_board::{render_detection, Detector, Roots};
 use inferloop_thermal::render_table;
 use inferloopd::config::{ConfigError, ServeConfig, ServeLayer, ThermalSettings};
 use inferloopd::exit::ExitCode;
+use inferloopd::golden;
+use inferloopd::quantize::{self, QuantType};
 use inferloopd::thermal::Probe;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
@@ -38,6 +40,55 @@ enum Command {
     Board(BoardArgs),
     /// Print temperatures, clocks, power rails, throttling and the thermal admission state.
     Thermal(ThermalArgs),
+    /// Rewrite a GGUF model at another weight type with llama.cpp's quantizer (exit 0; bad
+    /// paths: 2; llama.cpp failed: 4, and no output is left).
+    Quantize(QuantizeArgs),
+    /// Run llama.cpp and the native forward pass on the same tokens (each prompt plus a
+    /// greedy continuation) and compare them at every position (exit 0; bad prompts file: 2;
+    /// a model either side cannot run, e.g. not Q8_0: 4).
+    Golden(GoldenArgs),
+}
+
+#[derive(clap::Args)]
+struct GoldenArgs {
+    /// The GGUF model both engines read (Q8_0 for the native one).
+    #[arg(long, value_name = "GGUF")]
+    model: PathBuf,
+    /// One prompt per line; blank lines and lines starting with `#` are skipped.
+    #[arg(long, value_name = "FILE")]
+    prompts: PathBuf,
+    /// Most tokens of llama.cpp's greedy continuation fed to both after each prompt.
+    #[arg(long = "continue", value_name = "N", default_value_t = 16)]
+    continue_tokens: usize,
+    /// Tokenize each line as plain text instead of a user message in the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// The GGUF llama.cpp reads instead of --model (same vocabulary), e.g. the same weights
+    /// dequantized to F32.
+    #[arg(long, value_name = "GGUF")]
+    reference: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Threads for llama.cpp and the native matmuls (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
+}
+
+#[derive(clap::Args)]
+struct QuantizeArgs {
+    /// The GGUF model to read (already-quantized input is requantized).
+    #[arg(long = "in", value_name = "GGUF")]
+    input: PathBuf,
+    /// The GGUF file to write; replaced only when quantization succeeds.
+    #[arg(long = "out", value_name = "GGUF")]
+    output: PathBuf,
+    /// Weight type of the output.
+    #[arg(long = "type", value_enum, value_name = "TYPE")]
+    to: QuantType,
+    /// llama.cpp worker threads (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -96,7 +147,9 @@ fn main() -> ProcessExit {
     // The inspection commands print their answer on stdout; info logs would only repeat it.
     let default_filter = match cli.command {
         Command::Board(_) | Command::Thermal(_) => "warn",
-        Command::Serve(_) | Command::Check(_) => "info,llama-cpp-2=warn",
+        Command::Serve(_) | Command::Check(_) | Command::Quantize(_) | Command::Golden(_) => {
+            "info,llama-cpp-2=warn"
+        }
     };
     init_logging(default_filter);
     match cli.command {
@@ -104,6 +157,8 @@ fn main() -> ProcessExit {
         Command::Check(args) => check(args),
         Command::Board(args) => board(args),
         Command::Thermal(args) => thermal(args),
+        Command::Quantize(args) => quantize(args),
+        Command::Golden(args) => golden(args),
     }
     .into()
 }
@@ -192,9 +247,17 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    let selection = match inferloopd::boot::select_backend(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::Usage;
+        }
+    };
     let decision = match inferloopd::boot::check_memory(
         &config,
         &inferloopd::engine::EnginePlan::from_config(&config),
+        &selection,
     ) {
         Ok(d) => d,
         Err(e) => {
@@ -234,6 +297,61 @@ fn board(args: BoardArgs) -> ExitCode {
             tracing::error!("{e}");
             ExitCode::Usage
         }
+    }
+}
+
+fn quantize(args: QuantizeArgs) -> ExitCode {
+    let request = quantize::Request {
+        input: args.input,
+        output: args.output,
+        to: args.to,
+        threads: args.threads,
+    };
+    match quantize::run(&request) {
+        Ok(_) => ExitCode::Clean,
+        Err(e) => {
+            let code = e.exit_code();
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            code
+        }
+    }
+}
+
+fn golden(args: GoldenArgs) -> ExitCode {
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |t| t as usize,
+    );
+    let request = golden::Request {
+        model: args.model,
+        reference: args.reference,
+        prompts: args.prompts,
+        continue_tokens: args.continue_tokens,
+        raw: args.raw,
+        threads,
+    };
+    let report = match golden::run(&request) {
+        Ok(r) => r,
+        Err(e) => {
+            let code = e.exit_code();
+            tracing::error!("{:#}", anyhow::Error::from(e));
+            return code;
+        }
+    };
+    let text = if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => format!("{j}\n"),
+            Err(e) => {
+                tracing::error!("cannot serialize the report: {e}");
+                return ExitCode::Usage;
+            }
+        }
+    } else {
+        format!("golden: {}\n", report.summary())
+    };
+    match print(&text) {
+        Printed::Yes | Printed::PipeClosed => ExitCode::Clean,
+        Printed::Failed => ExitCode::Usage,
     }
 }
 

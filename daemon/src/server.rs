@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::boot::Passed;
 use crate::config::ServeConfig;
+use crate::engine::select::{BackendKind, Selection};
 use crate::engine::{Engine, EngineError, EnginePlan, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
@@ -71,6 +72,7 @@ pub async fn run(
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
     let plan = boot.plan;
+    let selection = boot.selection.clone();
     let boot = Arc::new(boot);
     register_boot_metrics(&metrics, boot.clone());
     thermal.register_metrics(&metrics);
@@ -106,7 +108,7 @@ pub async fn run(
         let config = config.clone();
         let metrics = metrics.clone();
         let gate = thermal.gate();
-        move || load_engine(&config, plan, metrics, gate)
+        move || load_engine(&config, plan, &selection, metrics, gate)
     });
     let engine = tokio::select! {
         loaded = loader => match loaded {
@@ -199,10 +201,36 @@ pub async fn run(
 fn load_engine(
     config: &ServeConfig,
     plan: EnginePlan,
+    selection: &Selection,
     metrics: Arc<Metrics>,
     thermal: ThermalGate,
 ) -> Result<Engine, EngineError> {
     let t0 = Instant::now();
+    if selection.backend == BackendKind::Native {
+        // llama.cpp keeps the tokenizer and the chat template; the weights are mapped once,
+        // by the native backend.
+        let model = Arc::new(LoadedModel::load_vocab_only(
+            &config.model,
+            config.model_id.clone(),
+        )?);
+        let native = crate::engine::native::open_model(
+            &config.model,
+            plan.sequences(),
+            plan.ctx as usize,
+            plan.threads.max(1) as usize,
+        )
+        .map_err(|e| EngineError::ModelLoad {
+            path: config.model.display().to_string(),
+            reason: format!("native backend: {e}"),
+        })?;
+        tracing::info!(
+            path = %config.model.display(),
+            ms = t0.elapsed().as_millis() as u64,
+            kv_bytes = native.kv().bytes() as u64,
+            "model loaded (native backend, CPU)"
+        );
+        return Engine::start_native(model, native, plan, metrics, thermal);
+    }
     let model = Arc::new(LoadedModel::load(&config.model, config.model_id.clone())?);
     tracing::info!(
         path = %config.model.display(),
@@ -237,6 +265,7 @@ async fn feed_watchdog(notifier: Arc<Notifier>, engine: Engine, every: Duration)
 fn register_boot_metrics(metrics: &Metrics, boot: Arc<Passed>) {
     metrics.add_source(move |w| {
         boot.plan.render_metrics(w);
+        boot.selection.render_metrics(w);
         boot.decision.render_metrics(w);
         if let Some(rss) = crate::ledger::rss_bytes() {
             w.gauge(

@@ -33,6 +33,8 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "queue",
     "ctx",
     "threads",
+    "backend",
+    "device",
     "api_key",
     "insecure_no_auth",
     "queue_timeout_ms",

@@ -219,30 +219,74 @@ fn row_scalar(row: &[u8], xp: &[f32], k: usize, ncols: usize, out: &mut [f32; MA
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_avx2(row: &[u8], xp: &[f32], k: usize, ncols: usize, out: &mut [f32; MAX_COLS]) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); 4]; MAX_COLS];
-    for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-        let g = b & 3;
-        let d = _mm256_set1_ps(block_scale(block));
-        // Word s of the quants = the 4 quants of sub-lane s.
-        let v = _mm256_loadu_si256(block[2..].as_ptr() as *const __m256i);
-        let q0 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v)));
-        let q1 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v)));
-        let q2 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v)));
-        let q3 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v));
-        for (c, a) in acc.iter_mut().enumerate().take(ncols) {
-            let xs = xp[c * k + b * QK..c * k + b * QK + QK].as_ptr();
-            let mut p = _mm256_mul_ps(q0, _mm256_loadu_ps(xs));
-            p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xs.add(8)), p);
-            p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xs.add(16)), p);
-            p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xs.add(24)), p);
-            a[g] = _mm256_fmadd_ps(d, p, a[g]);
-        }
+    // One copy per column count: the accumulators are then named registers, not an array
+    // indexed by the block's group (which kept them in memory, a store-to-load round trip
+    // on every block's dependency chain).
+    match ncols {
+        1 => row_avx2_n::<1>(row, xp, k, out),
+        2 => row_avx2_n::<2>(row, xp, k, out),
+        3 => row_avx2_n::<3>(row, xp, k, out),
+        4 => row_avx2_n::<4>(row, xp, k, out),
+        5 => row_avx2_n::<5>(row, xp, k, out),
+        6 => row_avx2_n::<6>(row, xp, k, out),
+        7 => row_avx2_n::<7>(row, xp, k, out),
+        _ => row_avx2_n::<8>(row, xp, k, out),
     }
-    for c in 0..ncols {
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn block_avx2<const NC: usize>(
+    block: *const u8,
+    xs: *const f32,
+    k: usize,
+    acc: &mut [std::arch::x86_64::__m256; NC],
+) {
+    use std::arch::x86_64::*;
+    let d = _mm256_set1_ps(f16::from_bits(u16::from_le_bytes([*block, *block.add(1)])).to_f32());
+    // Word s of the quants = the 4 quants of sub-lane s.
+    let v = _mm256_loadu_si256(block.add(2) as *const __m256i);
+    let q0 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v)));
+    let q1 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v)));
+    let q2 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v)));
+    let q3 = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v));
+    for (c, a) in acc.iter_mut().enumerate() {
+        let x = xs.add(c * k);
+        let mut p = _mm256_mul_ps(q0, _mm256_loadu_ps(x));
+        p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x.add(8)), p);
+        p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(x.add(16)), p);
+        p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(x.add(24)), p);
+        *a = _mm256_fmadd_ps(d, p, *a);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_avx2_n<const NC: usize>(row: &[u8], xp: &[f32], k: usize, out: &mut [f32; MAX_COLS]) {
+    use std::arch::x86_64::*;
+    let nb = row.len() / BLOCK_BYTES;
+    debug_assert!(xp.len() >= NC * k && nb * QK == k);
+    // acc[g][c]: group g (blocks g, g+4, ...) of column c, four groups unrolled.
+    let mut acc = [[_mm256_setzero_ps(); NC]; 4];
+    let (w, x) = (row.as_ptr(), xp.as_ptr());
+    let mut b = 0;
+    while b + 4 <= nb {
+        let [a0, a1, a2, a3] = &mut acc;
+        block_avx2::<NC>(w.add(b * BLOCK_BYTES), x.add(b * QK), k, a0);
+        block_avx2::<NC>(w.add((b + 1) * BLOCK_BYTES), x.add((b + 1) * QK), k, a1);
+        block_avx2::<NC>(w.add((b + 2) * BLOCK_BYTES), x.add((b + 2) * QK), k, a2);
+        block_avx2::<NC>(w.add((b + 3) * BLOCK_BYTES), x.add((b + 3) * QK), k, a3);
+        b += 4;
+    }
+    while b < nb {
+        block_avx2::<NC>(w.add(b * BLOCK_BYTES), x.add(b * QK), k, &mut acc[b & 3]);
+        b += 1;
+    }
+    for c in 0..NC {
         let mut lanes = [0f32; 32];
-        for g in 0..4 {
-            _mm256_storeu_ps(lanes[8 * g..].as_mut_ptr(), acc[c][g]);
+        for (g, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(lanes[8 * g..].as_mut_ptr(), a[c]);
         }
         out[c] = butterfly(lanes);
     }

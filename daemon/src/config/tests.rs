@@ -526,3 +526,62 @@ fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
     let err = resolve(None, too_many, none()).expect_err("4 slots + 253 > 256 sequences");
     assert!(err.to_string().contains("prefix_slots"), "{err}");
 }
+
+#[test]
+fn backend_and_device_layer_like_the_others_and_default_to_auto() {
+    let cfg = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
+    assert_eq!(
+        (cfg.backend, cfg.device),
+        (BackendChoice::Auto, DeviceChoice::Auto)
+    );
+    let cfg = ServeConfig::resolve(
+        Some(file("backend = \"llama\"\ndevice = \"cuda\"\n")),
+        ServeLayer::default(),
+        env(&[]),
+    )
+    .expect("valid");
+    assert_eq!(
+        (cfg.backend, cfg.device),
+        (BackendChoice::Llama, DeviceChoice::Cuda)
+    );
+    let cfg = ServeConfig::resolve(
+        Some(file("backend = \"llama\"\ndevice = \"cuda\"\n")),
+        ServeLayer::default(),
+        env(&[("INFERLOOP_BACKEND", "native"), ("INFERLOOP_DEVICE", "CPU")]),
+    )
+    .expect("valid");
+    assert_eq!(
+        (cfg.backend, cfg.device),
+        (BackendChoice::Native, DeviceChoice::Cpu)
+    );
+    let flags = ServeLayer {
+        backend: Some(BackendChoice::Llama),
+        device: Some(DeviceChoice::Auto),
+        ..ServeLayer::default()
+    };
+    let cfg = ServeConfig::resolve(
+        Some(file("backend = \"native\"\n")),
+        flags,
+        env(&[("INFERLOOP_BACKEND", "native"), ("INFERLOOP_DEVICE", "cpu")]),
+    )
+    .expect("valid");
+    assert_eq!(
+        (cfg.backend, cfg.device),
+        (BackendChoice::Llama, DeviceChoice::Auto)
+    );
+}
+
+#[test]
+fn an_unknown_backend_or_device_names_the_variable_or_fails_the_file() {
+    let err = ServeLayer::from_env(|k| (k == "INFERLOOP_BACKEND").then(|| "vulkan".to_string()))
+        .expect_err("unknown backend");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("INFERLOOP_BACKEND") && msg.contains("`auto`, `llama` or `native`"),
+        "{msg}"
+    );
+    let err = ServeLayer::from_env(|k| (k == "INFERLOOP_DEVICE").then(|| "tpu".to_string()))
+        .expect_err("unknown device");
+    assert!(err.to_string().contains("INFERLOOP_DEVICE"), "{err}");
+    assert!(toml::from_str::<ServeLayer>("device = \"tpu\"\n").is_err());
+}

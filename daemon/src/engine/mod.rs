@@ -3,19 +3,22 @@
 //!
 //! The scheduler is an actor: `Engine` is a cloneable sender; the thread owns the queue and
 //! slots ([`state::State`]), every live [`sequence::Sequence`] and the backend
-//! ([`llama::LlamaCpp`] on the CPU). See ARCHITECTURE.md for the request path.
+//! ([`llama::LlamaCpp`] on the CPU, or [`native::NativeBackend`], chosen by [`select`]). See
+//! ARCHITECTURE.md for the request path.
 
 pub mod backend;
 #[cfg(test)]
 mod fake;
 mod llama;
 pub mod model;
+pub mod native;
 pub mod plan;
 mod prefix;
 pub mod prompt;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;
+pub mod select;
 mod sequence;
 pub mod state;
 pub mod text;
@@ -204,6 +207,22 @@ impl Engine {
                 Ok(backend) => runner.run(backend, &*model),
                 Err(e) => runner.fail(e),
             };
+        })?;
+        Ok(Self { core, model, plan })
+    }
+
+    /// Starts the scheduler on the native backend over `native` (its weights already loaded);
+    /// `model` (loaded vocabulary-only) tokenizes and renders templates.
+    pub fn start_native(
+        model: Arc<LoadedModel>,
+        native: native::Model<'static>,
+        plan: EnginePlan,
+        metrics: Arc<Metrics>,
+        thermal: ThermalGate,
+    ) -> Result<Self, EngineError> {
+        let vocab = model.clone();
+        let core = thread::spawn(plan, metrics, thermal, move |runner| {
+            runner.run(native::NativeBackend::new(native), &*vocab)
         })?;
         Ok(Self { core, model, plan })
     }

@@ -66,6 +66,16 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Loads the weights (memory-mapped, CPU). Fails with the path and reason.
     pub fn load(path: &Path, id: String) -> Result<Self, EngineError> {
+        Self::load_with(path, id, false)
+    }
+
+    /// Loads the vocabulary, chat template and hyperparameters only: for a backend that
+    /// reads the weights itself, so that they are not mapped twice.
+    pub fn load_vocab_only(path: &Path, id: String) -> Result<Self, EngineError> {
+        Self::load_with(path, id, true)
+    }
+
+    fn load_with(path: &Path, id: String, vocab_only: bool) -> Result<Self, EngineError> {
         let fail = |reason: String| EngineError::ModelLoad {
             path: path.display().to_string(),
             reason,
@@ -74,7 +84,7 @@ impl LoadedModel {
             return Err(fail("no such file".into()));
         }
         let backend = LlamaBackend::init().map_err(|e| fail(e.to_string()))?;
-        let params = LlamaModelParams::default();
+        let params = LlamaModelParams::default().with_vocab_only(vocab_only);
         let model = LlamaModel::load_from_file(&backend, path, &params).map_err(|e| {
             fail(format!(
                 "llama.cpp could not load it ({e}); is it a GGUF file?"
@@ -94,7 +104,7 @@ impl LoadedModel {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        let info = ModelInfo {
+        let mut info = ModelInfo {
             id,
             path: path.to_path_buf(),
             size_bytes: model.size(),
@@ -106,6 +116,13 @@ impl LoadedModel {
             has_chat_template,
             created,
         };
+        if vocab_only {
+            // llama.cpp leaves the layer hyperparameters unread without the weights.
+            let shape = inferloop_gguf::read_shape(path).map_err(|e| fail(e.to_string()))?;
+            info.n_layer = u32::try_from(shape.n_layer).unwrap_or(u32::MAX);
+            info.n_embd = i32::try_from(shape.n_embd).unwrap_or(i32::MAX);
+            info.n_ctx_train = u32::try_from(shape.n_ctx_train).unwrap_or(u32::MAX);
+        }
         Ok(Self {
             model,
             template,

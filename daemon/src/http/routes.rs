@@ -102,6 +102,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
         "ready": engine.is_some(),
         "uptime_s": state.started.elapsed().as_secs_f64(),
         "model": model,
+        "backend": &state.boot.selection,
         "llama": { "system_info": crate::engine::llama_system_info() },
         "slots": {
             "total": plan.slots,

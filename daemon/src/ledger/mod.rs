@@ -2,16 +2,18 @@
 //! GGUF header and the settings before anything large is allocated, and the decision against
 //! the tightest limit that applies.
 
-pub mod gguf;
 pub mod limits;
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-pub use gguf::{read_shape, GgufError, ModelShape};
+// The header is read by the workspace's one GGUF reader.
+pub use inferloop_gguf::{read_shape, GgufError, ModelShape};
 pub use limits::{read_limits, Limit, LimitSource};
 
+use crate::engine::native::forward::UBATCH;
+use crate::engine::select::BackendKind;
 use crate::metrics::TextWriter;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -45,6 +47,8 @@ pub struct Plan {
     pub n_ubatch: u64,
     /// Explicit margin; `None` = 5% of the rest, at least 16 MiB.
     pub margin_bytes: Option<u64>,
+    /// The engine the terms are for: llama.cpp's buffers and the native forward's differ.
+    pub backend: BackendKind,
 }
 
 /// One named line of the ledger.
@@ -65,6 +69,9 @@ pub struct Ledger {
 
 impl Ledger {
     pub fn compute(shape: &ModelShape, plan: &Plan) -> Self {
+        if plan.backend == BackendKind::Native {
+            return Self::native(shape, plan);
+        }
         let u = plan.n_ubatch;
         let per_slot = plan.ctx.div_ceil(KV_PAD) * KV_PAD;
         let cells = if plan.shared_kv {
@@ -146,6 +153,74 @@ impl Ledger {
                 },
             ],
             compute_reserved_bytes: compute_reserved,
+        }
+    }
+
+    /// The native backend: the mapped weights, an f16 KV cache of `ctx` positions for every
+    /// sequence (no padding, no shared pool), the forward's fixed scratch, and the same
+    /// process overhead (llama.cpp still holds the tokenizer tables).
+    fn native(shape: &ModelShape, plan: &Plan) -> Self {
+        let sequences = plan.slots + plan.prefix_slots;
+        let kv_dim2 = shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v);
+        let kv = shape.n_layer * sequences * plan.ctx * kv_dim2 * KV_ELEM_BYTES;
+        let u = UBATCH as u64;
+        let q_dim = shape.n_head * shape.head_dim_k;
+        // Per pass row: the residual and its normalized copy, the attention output's
+        // projection, Q and the attention result, K and V, and the FFN gate, up and product.
+        let rows = 4 * u * (3 * shape.n_embd + 2 * q_dim + kv_dim2 + 3 * shape.n_ff);
+        // Attention scores for one head over the context, per token of a pass.
+        let attention = 4 * u * shape.n_head * plan.ctx.min(256);
+        // A logits row per sampling sequence, and each sampler's copies of it.
+        let logits = 4 * shape.n_vocab * sequences;
+        let samplers = 12 * shape.n_vocab * plan.slots;
+        let scratch = rows + attention + logits + samplers;
+        let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
+        let weights = shape.tensor_bytes;
+        let subtotal = weights + kv + scratch + overhead;
+        let margin = plan
+            .margin_bytes
+            .unwrap_or_else(|| (subtotal / 20).max(16 << 20));
+        Self {
+            terms: vec![
+                Term {
+                    name: "weights",
+                    bytes: weights,
+                    detail: format!(
+                        "{} tensor bytes, mapped once by the native backend",
+                        shape.architecture
+                    ),
+                },
+                Term {
+                    name: "kv",
+                    bytes: kv,
+                    detail: format!(
+                        "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
+                        plan.ctx, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+                    ),
+                },
+                Term {
+                    name: "scratch",
+                    bytes: scratch,
+                    detail: format!(
+                        "native forward: {u}-token passes, attention, logits and samplers for {sequences} sequences"
+                    ),
+                },
+                Term {
+                    name: "overhead",
+                    bytes: overhead,
+                    detail: "runtime, allocator, tokenizer tables".into(),
+                },
+                Term {
+                    name: "margin",
+                    bytes: margin,
+                    detail: if plan.margin_bytes.is_some() {
+                        "configured".into()
+                    } else {
+                        "5% of the above, at least 16 MiB".into()
+                    },
+                },
+            ],
+            compute_reserved_bytes: scratch,
         }
     }
 
@@ -333,6 +408,7 @@ mod tests {
             prefix_slots: 0,
             n_ubatch: 512,
             margin_bytes: None,
+            backend: BackendKind::LlamaCpp,
         }
     }
 
@@ -516,5 +592,29 @@ mod tests {
         ] {
             assert!(out.contains(help), "{out}");
         }
+    }
+
+    #[test]
+    fn native_terms_are_weights_kv_per_sequence_scratch_and_overhead() {
+        let native = |slots, ctx| Plan {
+            backend: BackendKind::Native,
+            ..plan(slots, ctx)
+        };
+        let l = Ledger::compute(&smollm2(), &native(2, 1000));
+        let names: Vec<&str> = l.terms.iter().map(|t| t.name).collect();
+        assert_eq!(names, ["weights", "kv", "scratch", "overhead", "margin"]);
+        assert_eq!(l.term("weights"), 96_576_768);
+        // 30 layers x 2 sequences x 1000 positions (unpadded) x 3 kv heads x (64+64) x 2 B.
+        assert_eq!(l.term("kv"), 30 * 2 * 1000 * 3 * 128 * 2);
+        let scratch = l.term("scratch");
+        assert!((1 << 20..16 << 20).contains(&scratch), "{scratch}");
+        // A limit below the total refuses with the accounting line naming the native terms.
+        let d = Decision::new(
+            smollm2(),
+            native(2, 1000),
+            vec![limit(LimitSource::CgroupV2, 100)],
+        );
+        assert!(!d.fits);
+        assert!(d.accounting().contains(" scratchMB="), "{}", d.accounting());
     }
 }

@@ -524,13 +524,17 @@ pub async fn read_sse(resp: reqwest::Response) -> Vec<Value> {
 
 /// Parses a complete SSE body, asserting the framing: every event is exactly
 /// `data: <one line>\n\n`, the last is `data: [DONE]` and it appears nowhere else, and no
-/// event carries an error. Returns the JSON chunks before `[DONE]`.
+/// event carries an error. Comment frames (`: keep-alive`, sent while a slow first token is
+/// computed) are valid SSE and skipped. Returns the JSON chunks before `[DONE]`.
 pub fn parse_sse(body: &str) -> Vec<Value> {
     assert!(
         body.ends_with("data: [DONE]\n\n"),
         "stream does not end with `data: [DONE]\\n\\n`: {body:?}"
     );
-    let frames: Vec<&str> = body.split_terminator("\n\n").collect();
+    let frames: Vec<&str> = body
+        .split_terminator("\n\n")
+        .filter(|frame| !frame.starts_with(':'))
+        .collect();
     let (done, chunks) = frames.split_last().expect("at least [DONE]");
     assert_eq!(*done, "data: [DONE]");
     chunks

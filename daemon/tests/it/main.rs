@@ -9,11 +9,14 @@ mod harness;
 
 mod api;
 mod chat;
+mod golden;
 mod input;
 mod lifecycle;
 mod load;
 mod memory;
+mod native;
 mod prefix;
 mod prompt;
+mod quantize;
 mod stream;
 mod thermal;

@@ -1,0 +1,393 @@
+//! [`NativeBackend`]: the scheduler's [`Backend`] on the native forward pass. One
+//! [`Model::forward`] per step over the plan's tokens, a Rust [`Sampler`] per sequence.
+
+use super::forward::{BatchToken, Model};
+use super::sampling::Sampler;
+use crate::engine::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Work};
+use crate::engine::SamplingParams;
+
+pub struct NativeBackend<'m> {
+    model: Model<'m>,
+    samplers: Vec<Option<Sampler>>,
+    batch: Vec<BatchToken>,
+    want: Vec<bool>,
+}
+
+impl<'m> NativeBackend<'m> {
+    /// A backend over `model`, whose KV cache holds one sequence per backend sequence id.
+    pub fn new(model: Model<'m>) -> Self {
+        let n_seq = model.kv().n_seq();
+        Self {
+            model,
+            samplers: (0..n_seq).map(|_| None).collect(),
+            batch: Vec::new(),
+            want: Vec::new(),
+        }
+    }
+
+    pub fn model(&self) -> &Model<'m> {
+        &self.model
+    }
+
+    /// Why this work cannot go into the batch, checked per work so that one bad sequence
+    /// does not fail the others (the forward pass refuses a whole batch).
+    fn refuse(&self, work: &Work<'_>) -> Option<String> {
+        let (seq, n_vocab) = (work.seq(), self.model.hparams().n_vocab);
+        let (n_seq, n_ctx) = (self.model.kv().n_seq(), self.model.kv().n_ctx());
+        if seq >= n_seq {
+            return Some(format!("no sequence {seq} (the cache holds {n_seq})"));
+        }
+        let (tokens, pos): (&[i32], u32) = match work {
+            Work::Decode { token, pos, .. } => (std::slice::from_ref(token), *pos),
+            Work::Prefill { tokens, pos, .. } => (tokens, *pos),
+        };
+        if pos as usize + tokens.len() > n_ctx {
+            return Some(format!(
+                "positions {pos}..{} of sequence {seq} exceed its context of {n_ctx}",
+                pos as usize + tokens.len()
+            ));
+        }
+        if pos as usize > self.model.kv().seq_len(seq) {
+            return Some(format!(
+                "position {pos} of sequence {seq} leaves a gap (it holds {})",
+                self.model.kv().seq_len(seq)
+            ));
+        }
+        if let Some(t) = tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= n_vocab))
+        {
+            return Some(format!("token {t} outside the vocabulary of {n_vocab}"));
+        }
+        if work.samples() && self.samplers[seq].is_none() {
+            return Some(format!("sequence {seq} was not opened"));
+        }
+        None
+    }
+}
+
+impl Backend for NativeBackend<'_> {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
+        let slot = self
+            .samplers
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        *slot = Some(Sampler::new(sampling));
+        Ok(())
+    }
+
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        // Per work: `Err` when refused, else whether it has a logits row.
+        let mut fed: Vec<Result<bool, String>> = Vec::with_capacity(plan.work.len());
+        self.batch.clear();
+        self.want.clear();
+        for work in &plan.work {
+            if let Some(why) = self.refuse(work) {
+                fed.push(Err(why));
+                continue;
+            }
+            let seq = work.seq();
+            match *work {
+                Work::Decode { token, pos, .. } => {
+                    self.batch.push(BatchToken { seq, token, pos });
+                    self.want.push(true);
+                }
+                Work::Prefill {
+                    tokens,
+                    pos,
+                    sample,
+                    ..
+                } => {
+                    for (i, &token) in tokens.iter().enumerate() {
+                        self.batch.push(BatchToken {
+                            seq,
+                            token,
+                            pos: pos + i as u32,
+                        });
+                        self.want.push(sample && i + 1 == tokens.len());
+                    }
+                }
+            }
+            fed.push(Ok(work.samples()));
+        }
+        let n_vocab = self.model.hparams().n_vocab;
+        let logits = if self.batch.is_empty() {
+            &[][..]
+        } else {
+            match self.model.forward(&self.batch, &self.want) {
+                Ok(l) => l,
+                Err(e) => {
+                    let reason = e.to_string();
+                    tracing::error!(
+                        reason,
+                        kind = e.kind(),
+                        "native forward failed; failing the sequences in this step"
+                    );
+                    return plan
+                        .work
+                        .iter()
+                        .map(|w| SeqOutcome {
+                            seq: w.seq(),
+                            result: Err(BackendError::Step(reason.clone())),
+                        })
+                        .collect();
+                }
+            }
+        };
+        let mut rows = logits.chunks_exact(n_vocab);
+        let samplers = &mut self.samplers;
+        plan.work
+            .iter()
+            .zip(fed)
+            .map(|(work, fed)| {
+                let seq = work.seq();
+                let result = match fed {
+                    Err(why) => Err(BackendError::Sequence(why)),
+                    Ok(false) => Ok(None),
+                    Ok(true) => match (rows.next(), samplers[seq].as_mut()) {
+                        (Some(row), Some(sampler)) => Ok(Some(sampler.sample(row))),
+                        _ => Err(BackendError::Step(format!(
+                            "the forward pass returned no logits row for sequence {seq}"
+                        ))),
+                    },
+                };
+                SeqOutcome { seq, result }
+            })
+            .collect()
+    }
+
+    fn close(&mut self, seq: SeqId) {
+        if let Some(s) = self.samplers.get_mut(seq) {
+            *s = None;
+        }
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: u32) {
+        if let Err(e) = self.model.kv_mut().truncate(seq, len as usize) {
+            tracing::warn!(seq, len, error = %e, "could not drop the KV cells of a sequence");
+        }
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        self.close(seq);
+        if let Err(e) = self.model.kv_mut().clear(seq) {
+            tracing::warn!(seq, error = %e, "could not clear a sequence");
+        }
+    }
+
+    fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        self.model
+            .kv_mut()
+            .copy_prefix(src, dst, len as usize)
+            .map_err(|e| BackendError::Sequence(format!("KV copy from {src} to {dst}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::super::tests::{synth, Spec};
+    use super::super::{HParams, Weights};
+    use super::*;
+    use crate::engine::fake::FakeVocab;
+    use crate::engine::plan::{EnginePlan, STEP_TOKENS};
+    use crate::engine::thread::spawn;
+    use crate::engine::{Event, FinishReason, GenerationRequest};
+    use crate::metrics::Metrics;
+    use crate::thermal::ThermalGate;
+
+    const N_CTX: usize = 64;
+
+    fn model(s: &super::super::tests::Synth, n_seq: usize) -> Model<'_> {
+        let hp = HParams::from_metadata(s).unwrap();
+        let w = Weights::load(&hp, s).unwrap();
+        Model::new(hp, w, n_seq, N_CTX, 2).unwrap()
+    }
+
+    fn greedy() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// The greedy next token after `prompt`, from a model of its own.
+    fn reference_next(s: &super::super::tests::Synth, prompt: &[i32]) -> i32 {
+        let mut m = model(s, 1);
+        let batch: Vec<BatchToken> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| BatchToken {
+                seq: 0,
+                token,
+                pos: i as u32,
+            })
+            .collect();
+        let mut want = vec![false; prompt.len()];
+        want[prompt.len() - 1] = true;
+        super::super::sampling::argmax(m.forward(&batch, &want).unwrap())
+    }
+
+    #[test]
+    fn a_prefill_and_a_decode_step_give_one_outcome_per_work_in_plan_order() {
+        let s = synth(Spec::llama(), 7);
+        let mut b = NativeBackend::new(model(&s, 3));
+        for seq in 0..3 {
+            b.open(seq, &greedy()).unwrap();
+        }
+        let (a, c) = ([1, 17, 4, 42], [49, 3, 3]);
+        let plan = StepPlan {
+            work: vec![
+                Work::Prefill {
+                    seq: 0,
+                    tokens: &a,
+                    pos: 0,
+                    sample: true,
+                },
+                Work::Prefill {
+                    seq: 1,
+                    tokens: &c,
+                    pos: 0,
+                    sample: false,
+                },
+                Work::Prefill {
+                    seq: 2,
+                    tokens: &c,
+                    pos: 0,
+                    sample: true,
+                },
+            ],
+        };
+        let out = b.step(&plan);
+        let seqs: Vec<SeqId> = out.iter().map(|o| o.seq).collect();
+        assert_eq!(seqs, vec![0, 1, 2]);
+        let first_a = reference_next(&s, &a);
+        assert_eq!(out[0].result, Ok(Some(first_a)));
+        assert_eq!(out[1].result, Ok(None));
+        assert_eq!(out[2].result, Ok(Some(reference_next(&s, &c))));
+
+        // Decode seq 0, finish seq 1's prompt, decode seq 2: still plan order.
+        let plan = StepPlan {
+            work: vec![
+                Work::Decode {
+                    seq: 0,
+                    token: first_a,
+                    pos: 4,
+                },
+                Work::Prefill {
+                    seq: 1,
+                    tokens: &[8],
+                    pos: 3,
+                    sample: true,
+                },
+            ],
+        };
+        let out = b.step(&plan);
+        assert_eq!(out[0].seq, 0);
+        assert_eq!(
+            out[0].result,
+            Ok(Some(reference_next(&s, &[1, 17, 4, 42, first_a])))
+        );
+        assert_eq!(out[1].result, Ok(Some(reference_next(&s, &[49, 3, 3, 8]))));
+    }
+
+    #[test]
+    fn a_bad_work_fails_alone_and_the_kv_calls_reach_the_cache() {
+        let s = synth(Spec::llama(), 8);
+        let mut b = NativeBackend::new(model(&s, 2));
+        b.open(0, &greedy()).unwrap();
+        let a = [1, 2, 3];
+        let plan = StepPlan {
+            work: vec![
+                Work::Prefill {
+                    seq: 0,
+                    tokens: &a,
+                    pos: 0,
+                    sample: true,
+                },
+                // Not opened, and a token outside the vocabulary.
+                Work::Decode {
+                    seq: 1,
+                    token: 999,
+                    pos: 0,
+                },
+            ],
+        };
+        let out = b.step(&plan);
+        assert!(matches!(out[0].result, Ok(Some(_))), "{out:?}");
+        assert!(
+            matches!(&out[1].result, Err(BackendError::Sequence(m)) if m.contains("999")),
+            "{out:?}"
+        );
+        assert_eq!(b.model().kv().seq_len(0), 3);
+        b.share_prefix(0, 1, 2).unwrap();
+        assert_eq!(b.model().kv().seq_len(1), 2);
+        assert!(b.share_prefix(0, 1, 9).is_err());
+        b.truncate(0, 1);
+        assert_eq!(b.model().kv().seq_len(0), 1);
+        b.free(1);
+        assert_eq!(b.model().kv().seq_len(1), 0);
+    }
+
+    #[tokio::test]
+    async fn the_scheduler_serves_two_requests_on_the_native_backend() {
+        let slots = 2;
+        let plan = EnginePlan {
+            slots,
+            queue: 4,
+            ctx: N_CTX as u32,
+            kv_cells: (slots * N_CTX) as u32,
+            shared_kv: false,
+            prefill_chunk: STEP_TOKENS,
+            n_batch: STEP_TOKENS + slots as u32,
+            n_ubatch: STEP_TOKENS,
+            threads: 1,
+            prefix_cache: true,
+            prefix_slots: 0,
+            queue_timeout: Duration::from_secs(10),
+        };
+        let (_feed, gate) = ThermalGate::test_feed(0.5, 90.0);
+        let engine = spawn(plan, Arc::new(Metrics::default()), gate, move |runner| {
+            // Leaked: the model borrows it and lives on the scheduler thread.
+            let s: &'static _ = Box::leak(Box::new(synth(Spec::llama(), 9)));
+            runner.run(NativeBackend::new(model(s, slots)), &FakeVocab)
+        })
+        .expect("native backend starts");
+        let request = |prompt: Vec<i32>| GenerationRequest {
+            prompt_tokens: prompt,
+            max_tokens: 6,
+            stop: Vec::new(),
+            sampling: greedy(),
+            received_at: Instant::now(),
+        };
+        let mut rxs = Vec::new();
+        for prompt in [vec![1, 17, 4, 42], vec![49, 3, 3, 21, 8]] {
+            rxs.push(engine.submit(request(prompt)).await.expect("accepted"));
+        }
+        for rx in &mut rxs {
+            loop {
+                let event = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                    .await
+                    .expect("an event in time")
+                    .expect("events until the end");
+                match event {
+                    Event::Admitted { .. } | Event::Text(_) => {}
+                    Event::Finished { reason, usage, .. } => {
+                        assert!(matches!(reason, FinishReason::Length | FinishReason::Stop));
+                        assert!(usage.completion_tokens >= 1);
+                        break;
+                    }
+                    Event::Failed(e) => panic!("request failed: {e}"),
+                }
+            }
+        }
+        engine.shutdown();
+        assert!(engine.wait_stopped(Duration::from_secs(5)));
+    }
+}

@@ -1,0 +1,258 @@
+//! Per-sequence token sampling for the native backend: the semantics of the llama.cpp chain
+//! that [`super::super::llama`] builds from the same [`SamplingParams`] (penalties, then greedy
+//! at temperature 0, else top-k, top-p, min-p, temperature and a seeded draw), in Rust.
+//!
+//! A sampler is deterministic: the same seed and the same logits give the same tokens.
+
+use std::collections::VecDeque;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::engine::SamplingParams;
+
+/// Generated tokens the frequency and presence penalties look back over (llama.cpp's
+/// `penalty_last_n` as the llama.cpp backend sets it).
+pub const PENALTY_LAST_N: usize = 64;
+
+/// One sequence's sampler: its settings, its random stream and the tokens it produced.
+pub struct Sampler {
+    p: SamplingParams,
+    rng: StdRng,
+    /// The last [`PENALTY_LAST_N`] sampled tokens, oldest first.
+    history: VecDeque<i32>,
+    /// Working copies, kept to avoid an allocation per token.
+    logits: Vec<f32>,
+    cand: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    pub fn new(p: &SamplingParams) -> Self {
+        Self {
+            p: p.clone(),
+            rng: StdRng::seed_from_u64(u64::from(p.seed)),
+            history: VecDeque::with_capacity(PENALTY_LAST_N),
+            logits: Vec::new(),
+            cand: Vec::new(),
+        }
+    }
+
+    /// Picks the next token from one row of logits and remembers it for the penalties.
+    pub fn sample(&mut self, row: &[f32]) -> i32 {
+        self.logits.clear();
+        self.logits.extend_from_slice(row);
+        self.penalize();
+        let token = if self.p.temperature <= 0.0 {
+            argmax(&self.logits)
+        } else {
+            self.draw()
+        };
+        if self.history.len() == PENALTY_LAST_N {
+            self.history.pop_front();
+        }
+        self.history.push_back(token);
+        token
+    }
+
+    /// `logit -= count × frequency + (count > 0) × presence` for each recent token.
+    fn penalize(&mut self) {
+        let (freq, presence) = (self.p.frequency_penalty, self.p.presence_penalty);
+        if (freq == 0.0 && presence == 0.0) || self.history.is_empty() {
+            return;
+        }
+        let mut seen: Vec<i32> = self.history.iter().copied().collect();
+        seen.sort_unstable();
+        for run in seen.chunk_by(|a, b| a == b) {
+            if let Some(l) = usize::try_from(run[0])
+                .ok()
+                .and_then(|t| self.logits.get_mut(t))
+            {
+                *l -= run.len() as f32 * freq + presence;
+            }
+        }
+    }
+
+    /// top-k, top-p, min-p, temperature, then a draw from the softmax of what is left.
+    fn draw(&mut self) -> i32 {
+        let p = &self.p;
+        self.cand.clear();
+        self.cand.extend(
+            self.logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| (l, i as u32)),
+        );
+        if self.cand.is_empty() {
+            return 0;
+        }
+        // Highest logit first, the lowest id first among equals: the same order every run.
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let k = usize::try_from(p.top_k).unwrap_or(0);
+        if k > 0 && k < self.cand.len() {
+            self.cand.select_nth_unstable_by(k - 1, order);
+            self.cand.truncate(k);
+        }
+        let sorted = p.top_p < 1.0 || p.min_p > 0.0;
+        if sorted {
+            self.cand.sort_unstable_by(order);
+        }
+        if p.top_p < 1.0 {
+            let probs = softmax(&self.cand, 1.0);
+            let mut cum = 0.0;
+            let mut keep = self.cand.len();
+            for (i, q) in probs.iter().enumerate() {
+                cum += q;
+                if cum >= f64::from(p.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            // p_i ≥ min_p × p_max  ⇔  logit_i ≥ max + ln(min_p); the list is sorted.
+            let floor = self.cand[0].0 + p.min_p.ln();
+            let keep = self.cand.iter().take_while(|c| c.0 >= floor).count();
+            self.cand.truncate(keep.max(1));
+        }
+        let probs = softmax(&self.cand, p.temperature);
+        let total: f64 = probs.iter().sum();
+        let mut u = self.rng.gen::<f64>() * total;
+        for (q, c) in probs.iter().zip(&self.cand) {
+            if u < *q {
+                return c.1 as i32;
+            }
+            u -= q;
+        }
+        self.cand[self.cand.len() - 1].1 as i32
+    }
+}
+
+/// The highest logit's index, the lowest index among equals (llama.cpp's greedy).
+pub fn argmax(row: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &l) in row.iter().enumerate() {
+        if l > row[best] || row[best].is_nan() {
+            best = i;
+        }
+    }
+    best as i32
+}
+
+/// Unnormalized-safe softmax of candidate logits at `temperature`, in f64.
+fn softmax(cand: &[(f32, u32)], temperature: f32) -> Vec<f64> {
+    let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
+    let t = f64::from(temperature.max(1e-6));
+    let mut probs: Vec<f64> = cand
+        .iter()
+        .map(|c| ((f64::from(c.0) - f64::from(max)) / t).exp())
+        .collect();
+    let sum: f64 = probs.iter().sum();
+    if sum > 0.0 && sum.is_finite() {
+        for q in &mut probs {
+            *q /= sum;
+        }
+    }
+    probs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            ..SamplingParams::default()
+        }
+    }
+
+    const ROW: [f32; 6] = [0.5, 2.0, 1.0, 2.0, -1.0, 1.9];
+
+    #[test]
+    fn greedy_takes_the_highest_logit_and_the_lowest_index_on_ties() {
+        let mut s = Sampler::new(&params(0.0));
+        assert_eq!(s.sample(&ROW), 1);
+        assert_eq!(argmax(&[f32::NAN, 3.0, 3.0]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_at_any_temperature() {
+        let p = SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            seed: 7,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(&p);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&ROW), 1);
+        }
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_tokens_and_another_seed_others() {
+        let run = |seed| {
+            let p = SamplingParams {
+                temperature: 1.5,
+                seed,
+                ..SamplingParams::default()
+            };
+            let mut s = Sampler::new(&p);
+            (0..64).map(|_| s.sample(&ROW)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+        // Every token with a fair chance shows up: this is a draw, not an argmax.
+        let drawn = run(42);
+        assert!(
+            [0, 1, 2, 3, 5].iter().all(|t| drawn.contains(t)),
+            "{drawn:?}"
+        );
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        // Token 0 carries almost all the mass; a tight nucleus or min-p keeps only it.
+        let row = [10.0, 0.0, 0.0, 0.0];
+        for p in [
+            SamplingParams {
+                top_p: 0.5,
+                ..params(1.0)
+            },
+            SamplingParams {
+                min_p: 0.01,
+                ..params(1.0)
+            },
+        ] {
+            let mut s = Sampler::new(&p);
+            assert!((0..100).all(|_| s.sample(&row) == 0));
+        }
+    }
+
+    #[test]
+    fn penalties_move_the_argmax_off_a_repeated_token() {
+        let row = [1.0, 1.5, 0.0];
+        let mut plain = Sampler::new(&params(0.0));
+        assert_eq!((plain.sample(&row), plain.sample(&row)), (1, 1));
+        let mut freq = Sampler::new(&SamplingParams {
+            frequency_penalty: 1.0,
+            ..params(0.0)
+        });
+        assert_eq!((freq.sample(&row), freq.sample(&row)), (1, 0));
+        let mut presence = Sampler::new(&SamplingParams {
+            presence_penalty: 0.6,
+            ..params(0.0)
+        });
+        assert_eq!((presence.sample(&row), presence.sample(&row)), (1, 0));
+        // Frequency grows with the count; presence does not.
+        let row = [1.0, 2.2, 0.0];
+        let mut presence = Sampler::new(&SamplingParams {
+            presence_penalty: 1.0,
+            ..params(0.0)
+        });
+        let tokens: Vec<i32> = (0..3).map(|_| presence.sample(&row)).collect();
+        assert_eq!(tokens, vec![1, 1, 1]);
+    }
+}

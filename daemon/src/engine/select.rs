@@ -1,0 +1,258 @@
+//! Which backend serves, on which device: `--backend` and `--device` resolved once at boot
+//! against the machine (a CUDA GPU or not) and the weights (Q8_0 or not). The ledger, the
+//! engine start, `/v1/status` and `/metrics` all read the one [`Selection`].
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::{BackendChoice, DeviceChoice};
+use crate::metrics::text::TextWriter;
+
+/// The engine that computes tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum BackendKind {
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    #[serde(rename = "native")]
+    Native,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LlamaCpp => "llama.cpp",
+            Self::Native => "native",
+        }
+    }
+}
+
+/// Where it computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+/// The resolved choice and why it was made (logged at start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Selection {
+    #[serde(rename = "name")]
+    pub backend: BackendKind,
+    pub device: Device,
+    #[serde(skip)]
+    pub why: String,
+}
+
+impl Selection {
+    /// `inferloop_backend_info{backend="…",device="…"} 1`.
+    pub fn render_metrics(&self, w: &mut TextWriter) {
+        w.gauge_family(
+            "inferloop_backend_info",
+            "The backend serving and its device (always 1).",
+            |f| {
+                f.sample(
+                    &[
+                        ("backend", self.backend.name()),
+                        ("device", self.device.name()),
+                    ],
+                    1u64,
+                );
+            },
+        );
+    }
+}
+
+/// A combination that cannot run here; a usage error (exit 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    #[error(
+        "--backend native --device cuda: the native backend's CUDA path is not wired yet; \
+         use --device cpu (or --device auto)"
+    )]
+    NativeCudaNotWired,
+    #[error(
+        "--device cuda: this build's llama.cpp runs on the CPU only, and the native backend's \
+         CUDA path is not wired yet; use --device cpu (or --device auto)"
+    )]
+    LlamaCpuOnly,
+    #[error("--device cuda: no CUDA GPU found ({0})")]
+    NoGpu(String),
+}
+
+/// Resolves the choice. `gpu` finds a CUDA GPU (its name, or why none); `not_q8_0` names a
+/// weight tensor that is not Q8_0 (`None` when all are). Each is asked only when it matters.
+pub fn select(
+    backend: BackendChoice,
+    device: DeviceChoice,
+    gpu: impl FnOnce() -> Result<String, String>,
+    not_q8_0: impl FnOnce() -> Option<String>,
+) -> Result<Selection, SelectError> {
+    let found = match device {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Auto | DeviceChoice::Cuda => Some(gpu()),
+    };
+    if device == DeviceChoice::Cuda {
+        match (&found, backend) {
+            (Some(Err(why)), _) => return Err(SelectError::NoGpu(why.clone())),
+            (_, BackendChoice::Native) => return Err(SelectError::NativeCudaNotWired),
+            _ => return Err(SelectError::LlamaCpuOnly),
+        }
+    }
+    let pick = |backend, why: String| Selection {
+        backend,
+        device: Device::Cpu,
+        why,
+    };
+    let gpu_note = match &found {
+        Some(Ok(name)) => {
+            format!("CUDA GPU {name} found, but the native backend's CUDA path is not wired yet")
+        }
+        Some(Err(why)) => format!("no CUDA GPU ({why})"),
+        None => "--device cpu".to_string(),
+    };
+    Ok(match backend {
+        BackendChoice::Llama => pick(BackendKind::LlamaCpp, "--backend llama".into()),
+        BackendChoice::Native => pick(
+            BackendKind::Native,
+            format!("--backend native on the CPU ({gpu_note})"),
+        ),
+        BackendChoice::Auto => match &found {
+            Some(Ok(_)) => match not_q8_0() {
+                None => pick(
+                    BackendKind::LlamaCpp,
+                    format!("weights are Q8_0 and {gpu_note}: llama.cpp on the CPU"),
+                ),
+                Some(t) => pick(
+                    BackendKind::LlamaCpp,
+                    format!("{t}: the native backend needs Q8_0 weights"),
+                ),
+            },
+            _ => pick(
+                BackendKind::LlamaCpp,
+                format!("{gpu_note}: auto picks the native backend only on a CUDA GPU"),
+            ),
+        },
+    })
+}
+
+/// The first CUDA GPU's name, or why there is none.
+pub fn probe_gpu() -> Result<String, String> {
+    if !inferloop_kernels::cuda::driver_present() {
+        return Err("libcuda cannot be loaded".into());
+    }
+    inferloop_kernels::cuda::Gpu::open_default(0)
+        .map(|g| g.name.clone())
+        .map_err(|e| e.to_string())
+}
+
+/// The first weight matrix of the GGUF at `path` that is not Q8_0 (`name is TYPE`), or the
+/// reason the file cannot be read; `None` when every matrix is Q8_0.
+pub fn first_non_q8_0(path: &Path) -> Option<String> {
+    use inferloop_gguf::{GgmlType, GgufFile};
+    match GgufFile::open(path) {
+        Err(e) => Some(e.to_string()),
+        Ok(file) => file
+            .tensors()
+            .iter()
+            .find(|t| t.dims().len() >= 2 && t.ggml_type() != GgmlType::Q8_0)
+            .map(|t| {
+                format!(
+                    "tensor `{}` is {}",
+                    t.name(),
+                    t.ggml_type().name().to_uppercase()
+                )
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu() -> Result<String, String> {
+        Ok("Orin".into())
+    }
+
+    fn none() -> Result<String, String> {
+        Err("libcuda cannot be loaded".into())
+    }
+
+    fn q8() -> Option<String> {
+        None
+    }
+
+    fn q4() -> Option<String> {
+        Some("tensor `blk.0.attn_q.weight` is q4_1".into())
+    }
+
+    #[test]
+    fn native_runs_on_the_cpu_when_asked_or_without_a_gpu() {
+        for device in [DeviceChoice::Cpu, DeviceChoice::Auto] {
+            let s = select(BackendChoice::Native, device, none, q8).unwrap();
+            assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cpu));
+        }
+    }
+
+    #[test]
+    fn native_on_cuda_is_refused_until_its_path_is_wired() {
+        assert_eq!(
+            select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q8),
+            Err(SelectError::NativeCudaNotWired)
+        );
+        assert!(matches!(
+            select(BackendChoice::Native, DeviceChoice::Cuda, none, q8),
+            Err(SelectError::NoGpu(_))
+        ));
+        assert_eq!(
+            select(BackendChoice::Llama, DeviceChoice::Cuda, gpu, q8),
+            Err(SelectError::LlamaCpuOnly)
+        );
+    }
+
+    #[test]
+    fn auto_is_llama_cpp_on_the_cpu_and_says_why() {
+        let s = select(BackendChoice::Auto, DeviceChoice::Auto, none, q8).unwrap();
+        assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
+        assert!(s.why.contains("no CUDA GPU"), "{}", s.why);
+        let s = select(BackendChoice::Auto, DeviceChoice::Auto, gpu, q4).unwrap();
+        assert_eq!(s.backend, BackendKind::LlamaCpp);
+        assert!(s.why.contains("blk.0.attn_q.weight"), "{}", s.why);
+        let s = select(BackendChoice::Auto, DeviceChoice::Auto, gpu, q8).unwrap();
+        assert!(s.why.contains("not wired yet"), "{}", s.why);
+        let s = select(
+            BackendChoice::Auto,
+            DeviceChoice::Cpu,
+            || panic!("no probe"),
+            q4,
+        )
+        .unwrap();
+        assert_eq!(s.backend, BackendKind::LlamaCpp);
+    }
+
+    #[test]
+    fn the_backend_is_exported_as_an_info_gauge() {
+        let mut w = TextWriter::new();
+        Selection {
+            backend: BackendKind::Native,
+            device: Device::Cpu,
+            why: String::new(),
+        }
+        .render_metrics(&mut w);
+        let text = w.finish();
+        assert!(
+            text.contains("inferloop_backend_info{backend=\"native\",device=\"cpu\"} 1\n"),
+            "{text}"
+        );
+    }
+}

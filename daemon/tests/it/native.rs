@@ -1,0 +1,157 @@
+//! `--backend native`: the Q8_0 model served by the native forward pass on the CPU (chat,
+//! streaming, two requests at once, reported in `/v1/status` and `/metrics`), and the
+//! refusals: weights that are not Q8_0 (exit 4, naming a tensor) and the CUDA path that is
+//! not wired yet (exit 2).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use inferloopd::quantize::GgufTypes;
+use serde_json::json;
+
+use crate::harness::{
+    chat_body, counting_body, find_model, stream_finish_reason, stream_text, text_of, Daemon,
+};
+
+/// `make model-q8` writes it; built here from the test model when missing.
+const Q8_PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/SmolLM2-135M-Instruct.Q8_0.gguf"
+);
+
+/// The Q8_0 model, quantized once per test run if it is not there (`inferloopd quantize`
+/// writes a temporary file and renames it, so a concurrent reader never sees half a file).
+static Q8: LazyLock<Result<PathBuf, String>> = LazyLock::new(|| {
+    let path = PathBuf::from(Q8_PATH);
+    if path.is_file() {
+        return Ok(path);
+    }
+    let source = find_model()?;
+    let out = Command::new(env!("CARGO_BIN_EXE_inferloopd"))
+        .args(["quantize", "--type", "q8_0", "--threads", "1", "--in"])
+        .arg(&source)
+        .arg("--out")
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("cannot run inferloopd quantize: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "quantizing {} to Q8_0 failed ({}):\n{}",
+            source.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(path)
+});
+
+fn q8() -> String {
+    match &*Q8 {
+        Ok(p) => p.to_str().expect("UTF-8 path").to_string(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
+    let model = q8();
+    let d = Daemon::start(&[
+        "--model",
+        &model,
+        "--backend",
+        "native",
+        "--device",
+        "cpu",
+        "--slots",
+        "2",
+        "--ctx",
+        "512",
+    ]);
+    let status = d.status().await;
+    assert_eq!(
+        status["backend"],
+        json!({"name": "native", "device": "cpu"}),
+        "{status}"
+    );
+    let metrics = d.metrics().await;
+    assert!(
+        metrics.contains("inferloop_backend_info{backend=\"native\",device=\"cpu\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(d.log().contains("scratchMB="), "{}", d.log_tail());
+
+    let v = d
+        .chat(&chat_body("What is the capital of France?", 24))
+        .await;
+    let text = text_of(&v);
+    eprintln!(
+        "native answer: {text:?}, decode {:.1} tok/s",
+        v["timings"]["predicted_per_second"].as_f64().unwrap_or(0.0)
+    );
+    assert!(text.contains("Paris"), "{text:?}");
+
+    let mut body = chat_body("What is the capital of France?", 24);
+    body["stream"] = json!(true);
+    let chunks = d.stream("/v1/chat/completions", &body).await;
+    let streamed = stream_text(&chunks);
+    assert_eq!(
+        streamed, text,
+        "streamed and whole answers differ at temperature 0"
+    );
+    assert!(!stream_finish_reason(&chunks).is_empty());
+
+    let counting = counting_body(32, false);
+    let t0 = Instant::now();
+    let (a, b) = tokio::join!(d.complete(&counting), d.complete(&counting));
+    let took = t0.elapsed();
+    for v in [&a, &b] {
+        assert_eq!(v["usage"]["completion_tokens"], 32, "{v}");
+    }
+    assert_eq!(text_of(&a), text_of(&b), "same prompt, same greedy tokens");
+    eprintln!(
+        "two concurrent 32-token completions in {took:?} ({:.1} tok/s together)",
+        64.0 / took.as_secs_f64()
+    );
+}
+
+#[test]
+fn native_backend_refuses_weights_that_are_not_q8_0_naming_a_tensor() {
+    let model = find_model().unwrap_or_else(|e| panic!("{e}"));
+    let types = GgufTypes::read(&model).unwrap_or_else(|e| panic!("{e}"));
+    if types.file_type == "q8_0" {
+        eprintln!(
+            "skipped: the test model {} is already Q8_0 (set INFERLOOP_TEST_MODEL to Q4_1)",
+            model.display()
+        );
+        return;
+    }
+    let model = model.to_str().expect("UTF-8 path").to_string();
+    let (status, log) = Daemon::run_to_exit(
+        &["--model", &model, "--backend", "native", "--device", "cpu"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status.code(), Some(4), "{log}");
+    // The first tensor the loader meets may be another type than the file's (an
+    // embedding kept at Q6_K, say); the message names that tensor and its type.
+    assert!(
+        log.contains("native backend: tensor `") && log.contains("; the native backend needs"),
+        "the error must name a tensor and its type:\n{log}"
+    );
+}
+
+#[test]
+fn native_backend_on_cuda_is_a_usage_error_until_its_path_is_wired() {
+    let model = find_model().unwrap_or_else(|e| panic!("{e}"));
+    let model = model.to_str().expect("UTF-8 path").to_string();
+    let (status, log) = Daemon::run_to_exit(
+        &["--model", &model, "--backend", "native", "--device", "cuda"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("not wired yet") || log.contains("no CUDA GPU found"),
+        "{log}"
+    );
+}
