@@ -49,6 +49,7 @@ help:
 	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
+	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
@@ -223,3 +224,13 @@ QUAL_BIN  := target/release/inferloop-qual
 qual: deps model
 	cargo build --release $(LOCKED) -p inferloopd -p inferloop-qual
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL) --report $(QUAL_OUT) $(QUAL_ARGS)
+
+# The native backend (CPU twin) on the Q8_0 model: the whole qualification suite and the
+# `openai` client tests, every daemon started with --backend native --device cpu.
+.PHONY: test-native
+test-native: $(VENV)/.installed model-q8
+	cargo build --release $(LOCKED) -p inferloop-qual
+	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL_Q8) --serve-args "--backend native --device cpu" \
+	  --report out/qual-native $(QUAL_ARGS)
+	INFERLOOPD=$(abspath $(BIN)) INFERLOOP_TEST_MODEL=$(abspath $(MODEL_Q8)) \
+	  INFERLOOPD_ARGS="--backend native --device cpu" $(VENV)/bin/pytest -q tests/python

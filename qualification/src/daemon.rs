@@ -22,12 +22,14 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// Between SIGTERM and SIGKILL when a daemon is dropped.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// How to start daemons: the binary, the model and the thread count.
+/// How to start daemons: the binary, the model, the thread count and flags for every
+/// `serve` (e.g. `--backend native`).
 #[derive(Debug, Clone)]
 pub struct SpawnCfg {
     pub bin: PathBuf,
     pub model: PathBuf,
     pub threads: u32,
+    pub serve_args: Vec<String>,
 }
 
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -107,9 +109,31 @@ pub struct Exit {
     pub wall: Duration,
 }
 
+/// The flags of `args` (`--flag value` or `--flag=value`) that `extra` does not set.
+pub(crate) fn common_args(args: &[String], extra: &[&str]) -> Vec<String> {
+    let set_in_extra = |flag: &str| {
+        extra
+            .iter()
+            .any(|e| *e == flag || e.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].split('=').next().unwrap_or_default();
+        let takes_value =
+            !args[i].contains('=') && args.get(i + 1).is_some_and(|v| !v.starts_with("--"));
+        let n = if takes_value { 2 } else { 1 };
+        if !set_in_extra(flag) {
+            out.extend(args[i..i + n].iter().cloned());
+        }
+        i += n;
+    }
+    out
+}
+
 impl SpawnCfg {
-    /// `serve` with the model, loopback, port 0 and the thread count, unless `extra` sets
-    /// any of those flags itself.
+    /// `serve` with the model, loopback, port 0, the thread count and `serve_args`, unless
+    /// `extra` sets any of those flags itself.
     pub fn serve_argv(&self, extra: &[&str]) -> Vec<String> {
         let model = self.model.to_string_lossy().into_owned();
         let threads = self.threads.to_string();
@@ -125,6 +149,7 @@ impl SpawnCfg {
                 argv.push(value.into());
             }
         }
+        argv.extend(common_args(&self.serve_args, extra));
         argv.extend(extra.iter().map(|s| s.to_string()));
         argv
     }
@@ -439,10 +464,28 @@ mod tests {
             bin: "inferloopd".into(),
             model: "m.gguf".into(),
             threads: 2,
+            serve_args: vec![],
         };
         let argv = cfg.serve_argv(&["--host", "0.0.0.0", "--slots", "1"]);
         assert_eq!(argv.iter().filter(|a| *a == "--host").count(), 1);
         assert!(argv.windows(2).any(|w| w == ["--model", "m.gguf"]));
         assert!(argv.windows(2).any(|w| w == ["--host", "0.0.0.0"]));
+    }
+
+    #[test]
+    fn serve_args_reach_every_daemon_unless_a_case_sets_the_flag() {
+        let cfg = SpawnCfg {
+            bin: "inferloopd".into(),
+            model: "m.gguf".into(),
+            threads: 2,
+            serve_args: ["--backend", "native", "--slots=2", "--insecure-no-auth"]
+                .map(String::from)
+                .to_vec(),
+        };
+        let argv = cfg.serve_argv(&["--slots", "1"]);
+        assert!(argv.windows(2).any(|w| w == ["--backend", "native"]));
+        assert!(argv.contains(&"--insecure-no-auth".to_string()));
+        assert!(!argv.contains(&"--slots=2".to_string()), "{argv:?}");
+        assert!(argv.windows(2).any(|w| w == ["--slots", "1"]));
     }
 }

@@ -57,6 +57,8 @@ pub enum TargetSpec {
         model: PathBuf,
         threads: u32,
         manifest: Option<PathBuf>,
+        /// Flags added to every spawned `serve`.
+        serve_args: Vec<String>,
     },
 }
 
@@ -130,6 +132,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
             model,
             threads,
             manifest,
+            serve_args,
         } => {
             if !bin.is_file() {
                 return Err(format!("--spawn {}: no such file (build it with `cargo build --release -p inferloopd`)", bin.display()));
@@ -144,6 +147,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
                 bin: std::fs::canonicalize(bin).unwrap_or_else(|_| bin.clone()),
                 model: std::fs::canonicalize(model).unwrap_or_else(|_| model.clone()),
                 threads: *threads,
+                serve_args: serve_args.clone(),
             };
             let mut args: Vec<String> = SHARED_ARGS.iter().map(|s| s.to_string()).collect();
             if let Some(m) = manifest {

@@ -31,6 +31,15 @@ struct Cli {
     /// llama.cpp threads of each spawned daemon.
     #[arg(long, default_value_t = 2)]
     threads: u32,
+    /// Flags added to every spawned `serve`, e.g. "--backend native" (a case's own flag of
+    /// the same name wins).
+    #[arg(
+        long,
+        value_name = "FLAGS",
+        requires = "spawn",
+        allow_hyphen_values = true
+    )]
+    serve_args: Option<String>,
     /// Start the shared spawned daemon with this manifest (its SHA then shows in the report).
     #[arg(long, value_name = "PATH")]
     manifest: Option<PathBuf>,
@@ -73,6 +82,11 @@ fn main() -> ExitCode {
             model,
             threads: cli.threads,
             manifest: cli.manifest,
+            serve_args: cli
+                .serve_args
+                .as_deref()
+                .map(|a| a.split_whitespace().map(String::from).collect())
+                .unwrap_or_default(),
         },
         _ => {
             eprintln!("inferloop-qual: give --base-url URL, or --spawn PATH_TO_INFERLOOPD --model GGUF (see --help)");

@@ -4,7 +4,8 @@ The daemon is started on port 0 and the bound address is read from its
 `listening on http://ADDR` log line, so parallel runs never race for a port.
 
 Env: INFERLOOPD (binary, default target/release/inferloopd),
-INFERLOOP_TEST_MODEL (GGUF, default models/SmolLM2-135M-Instruct.Q4_1.gguf).
+INFERLOOP_TEST_MODEL (GGUF, default models/SmolLM2-135M-Instruct.Q4_1.gguf),
+INFERLOOPD_ARGS (extra `serve` flags for every daemon, e.g. "--backend native").
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -25,7 +27,6 @@ import openai
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
 API_KEY = "secret"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -67,6 +68,7 @@ class Daemon:
             "--slots", "2",
             "--ctx", "1024",
             "--threads", "2",
+            *shlex.split(os.environ.get("INFERLOOPD_ARGS", "")),
             *extra_args,
         ]
         # INFERLOOP_* variables set what the flags leave unset; a stray one in the
@@ -187,7 +189,8 @@ def auth_base_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def model_id() -> str:
-    return MODEL_ID
+    # The daemon names the model after its file.
+    return model_path().name.removesuffix(".gguf")
 
 
 @pytest.fixture

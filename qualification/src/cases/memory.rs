@@ -16,6 +16,18 @@ use crate::{ensure, ensure_eq};
 const G: Group = Group::Memory;
 const MIB: u64 = 1 << 20;
 const TERMS: [&str; 5] = ["weights", "kv", "compute", "overhead", "margin"];
+/// The native backend's ledger: its forward pass's scratch in place of llama.cpp's compute
+/// buffer.
+const NATIVE_TERMS: [&str; 5] = ["weights", "kv", "scratch", "overhead", "margin"];
+
+/// The terms a `check --json` answer should have, by the backend its plan names.
+fn terms_for(d: &Value) -> [&'static str; 5] {
+    if d["plan"]["backend"] == "native" {
+        NATIVE_TERMS
+    } else {
+        TERMS
+    }
+}
 
 /// `inferloopd check ARGS --json`: exit code and the decision.
 fn check(c: &Ctx, args: &[&str]) -> Result<(i32, Value), Stop> {
@@ -28,6 +40,10 @@ fn check(c: &Ctx, args: &[&str]) -> Result<(i32, Value), Stop> {
         let model = cfg.model.to_string_lossy().into_owned();
         let mut argv = vec!["check", "--model", model.as_str()];
         argv.extend(args.iter().map(String::as_str));
+        // `--serve-args` (e.g. `--backend native`) shape the ledger the daemons admit with.
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let common = crate::daemon::common_args(&cfg.serve_args, &refs);
+        argv.extend(common.iter().map(String::as_str));
         argv.push("--json");
         let out = cfg
             .command(&argv)
@@ -176,7 +192,7 @@ pub fn register(r: &mut Registry) {
                 .filter_map(|t| t["name"].as_str().map(str::to_string))
                 .collect();
             ev.put("terms", json!(names));
-            ensure_eq!("terms", names, TERMS.to_vec());
+            ensure_eq!("terms", names, terms_for(&d).to_vec());
             Ok(names.join(", "))
         },
     );
@@ -187,7 +203,7 @@ pub fn register(r: &mut Registry) {
         "Σ terms == required_bytes",
         |c, ev| {
             let (_, d) = check(c, &SHARED_ARGS)?;
-            let sum: u64 = TERMS
+            let sum: u64 = terms_for(&d)
                 .iter()
                 .map(|t| term(&d, t))
                 .sum::<Result<u64, Stop>>()?;
@@ -355,12 +371,17 @@ pub fn register(r: &mut Registry) {
                 "limitMB=100.0",
                 "weightsMB=",
                 "kvMB=",
-                "computeMB=",
                 "overheadMB=",
                 "marginMB=",
             ] {
                 ensure!(line.contains(k), format!("`{k}` in the line"), line.clone());
             }
+            // llama.cpp's compute buffer, or the native backend's scratch.
+            ensure!(
+                line.contains("computeMB=") || line.contains("scratchMB="),
+                "`computeMB=` (llama.cpp) or `scratchMB=` (native) in the line",
+                line.clone()
+            );
             ensure!(
                 !e.log.contains("listening on"),
                 "nothing listening",

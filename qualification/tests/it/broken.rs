@@ -38,6 +38,7 @@ fn spawn_cfg() -> SpawnCfg {
         bin,
         model,
         threads: 2,
+        serve_args: Vec::new(),
     }
 }
 
