@@ -113,9 +113,10 @@ venv: $(VENV)/.installed
 pytest: $(VENV)/.installed model build
 	INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q tests/python
 
-bench: $(VENV)/.installed model build
+bench: $(VENV)/.installed model build model-q8
 	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
-	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode $(BENCH_ARGS)
+	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode \
+	  --native-model $(MODEL_Q8) $(BENCH_ARGS)
 
 # The peer is llama.cpp's own llama-server, built by scripts/build-peer.sh into peer/.
 bench-peer: $(VENV)/.installed model build

@@ -361,6 +361,31 @@ def bench_peer(args, log_dir: Path) -> dict[str, Any]:
     return {"argv": argv, "model_id": model_id, "single": single, "concurrent": conc}
 
 
+def bench_backend(args, log_dir: Path, model: str, backend: str) -> dict[str, Any]:
+    """inferloopd on `model` with `--backend backend` (CPU), same threads, slots and context."""
+    argv = [args.daemon, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+            "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
+            "--backend", backend, "--device", "cpu"]
+    print(f"starting: {' '.join(argv)}", file=sys.stderr)
+    daemon = Daemon(argv, log_dir / f"daemon-{backend}.log")
+    try:
+        base_url = daemon.wait_ready(args.ready_timeout)
+        model_id = get_json(base_url, "/v1/models", None)["data"][0]["id"]
+        stream_chat(base_url, model_id, args.prompt, min(8, args.max_tokens), None)
+        run_args = argparse.Namespace(**{**vars(args), "api_key": None})
+        single = single_stream(run_args, base_url, model_id)
+        conc = concurrent(run_args, base_url, model_id)
+    finally:
+        daemon.stop()
+    return {"argv": argv, "model_id": model_id, "single": single, "concurrent": conc}
+
+
+def bench_native(args, log_dir: Path) -> dict[str, Any]:
+    """The native backend's CPU twin next to llama.cpp, both in inferloopd on the Q8_0 file."""
+    return {backend: bench_backend(args, log_dir, args.native_model, backend)
+            for backend in ("native", "llama")}
+
+
 # --- in-process reference ---------------------------------------------------
 
 
@@ -441,6 +466,17 @@ def print_table(res: dict[str, Any]) -> None:
             (f"  aggregate, {pc['concurrency']} streams", fmt(pc["aggregate_tps_median"]), "tok/s"),
             ("  TTFT median / max, concurrent", f"{fmt(pc['ttft_ms_median'])} / {fmt(pc['ttft_ms_max'])}", "ms"),
         ]
+    native = res.get("native")
+    if native:
+        for backend, label in (("native", "native backend (CPU twin)"), ("llama", "llama.cpp")):
+            b = native[backend]
+            bs, bc = b["single"], b["concurrent"]
+            rows += [
+                (f"{label}, Q8_0 file ({c['runs']} runs, median)", "", ""),
+                ("  TTFT", fmt(bs["ttft_ms_median"]), "ms"),
+                ("  decode", fmt(bs["decode_tps_median"]), "tok/s"),
+                (f"  aggregate, {bc['concurrency']} streams", fmt(bc["aggregate_tps_median"]), "tok/s"),
+            ]
     ref = res.get("reference")
     if ref:
         rs, rc = ref["single"], ref["concurrent"]
@@ -490,6 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference", help="raw_decode example binary: also measure llama.cpp in process")
     p.add_argument("--reference-runs", type=int, default=5)
     p.add_argument("--peer", help="llama-server binary (scripts/build-peer.sh): also benchmark it, same settings")
+    p.add_argument("--native-model", help="a Q8_0 GGUF: also run inferloopd --backend native (the "
+                   "kernels' CPU twin) and --backend llama on it, same settings")
     p.add_argument("--peer-arg", action="append", default=[], help="extra llama-server flag (repeatable)")
     args = p.parse_args(argv)
     for name in ("threads", "slots", "ctx", "max_tokens", "runs", "concurrency", "concurrent_runs",
@@ -530,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         if daemon is not None:
             daemon.stop()  # the peer and the reference get the CPU to themselves; idempotent
         peer = bench_peer(args, output.parent) if args.peer else None
+        native = bench_native(args, output.parent) if args.native_model else None
         ref = reference(args) if args.reference else None
     except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr)
@@ -560,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "single": single,
         "concurrent": conc,
         "peer": peer,
+        "native": native,
         "reference": ref,
     }
     print_table(result)

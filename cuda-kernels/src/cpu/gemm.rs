@@ -38,30 +38,8 @@ pub fn gemm(
     if rows == 0 || x.rows == 0 {
         return Ok(());
     }
-    let threads = threads.clamp(1, rows);
-    let chunk = rows.div_ceil(threads);
-    // Each thread gets the same row range of every token's output.
-    let mut parts: Vec<Vec<&mut [f32]>> =
-        (0..threads).map(|_| Vec::with_capacity(x.rows)).collect();
-    for col in y.chunks_mut(rows) {
-        for (t, piece) in col.chunks_mut(chunk).enumerate() {
-            parts[t].push(piece);
-        }
-    }
     let w = &w;
-    if threads == 1 {
-        if let Some(cols) = parts.pop() {
-            rows_range(isa, w, x, 0, cols);
-        }
-        return Ok(());
-    }
-    std::thread::scope(|scope| {
-        for (t, cols) in parts.into_iter().enumerate() {
-            if !cols.is_empty() {
-                scope.spawn(move || rows_range(isa, w, x, t * chunk, cols));
-            }
-        }
-    });
+    super::pool::split_rows(threads, rows, y, |r0, cols| rows_range(isa, w, x, r0, cols));
     Ok(())
 }
 

@@ -98,30 +98,10 @@ pub fn gemv_auto(
 /// One launch's worth: up to [`MAX_COLS`] columns, shapes already checked.
 fn pass(isa: Isa, threads: usize, w: &Q8Matrix, x: &[f32], y: &mut [f32]) {
     let (rows, k) = (w.rows, w.k);
-    let ncols = x.len() / k;
     let xp = permute(x, k);
-    let threads = threads.clamp(1, rows);
-    let chunk = rows.div_ceil(threads);
-    // Each thread gets the same row range of every column.
-    let mut parts: Vec<Vec<&mut [f32]>> = (0..threads).map(|_| Vec::with_capacity(ncols)).collect();
-    for col in y.chunks_mut(rows) {
-        for (t, piece) in col.chunks_mut(chunk).enumerate() {
-            parts[t].push(piece);
-        }
-    }
     let xp = &xp;
-    if threads == 1 {
-        if let Some(cols) = parts.pop() {
-            rows_range(isa, w, xp, 0, cols);
-        }
-        return;
-    }
-    std::thread::scope(|scope| {
-        for (t, cols) in parts.into_iter().enumerate() {
-            if !cols.is_empty() {
-                scope.spawn(move || rows_range(isa, w, xp, t * chunk, cols));
-            }
-        }
+    super::pool::split_rows(threads, rows, y, |r0, cols| {
+        rows_range(isa, w, xp, r0, cols)
     });
 }
 

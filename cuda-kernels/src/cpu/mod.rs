@@ -3,6 +3,7 @@
 
 pub mod gemm;
 pub mod gemv;
+mod pool;
 pub mod quantize;
 pub mod simd;
 // The ops a Llama-family forward needs besides the matmuls; `vector` holds what they share.
