@@ -81,6 +81,15 @@ pub fn select_backend(config: &ServeConfig) -> Result<Selection, SelectError> {
     let selection = select::select(config.backend, config.device, select::probe_gpu, || {
         select::first_non_q8_0(&config.model)
     })?;
+    let full = config.slots as u64 * u64::from(config.ctx);
+    if selection.backend == select::BackendKind::Native && u64::from(config.kv_cells) < full {
+        // Its cache would give every sequence its whole context anyway: refuse rather than
+        // admit by a pool that does not exist.
+        return Err(SelectError::NativeSharedPool {
+            cells: config.kv_cells,
+            full,
+        });
+    }
     tracing::info!(
         backend = selection.backend.name(),
         device = selection.device.name(),

@@ -88,6 +88,11 @@ pub enum SelectError {
     LlamaCpuOnly,
     #[error("--device cuda: no CUDA GPU found ({0})")]
     NoGpu(String),
+    #[error(
+        "--kv-cells {cells} is below slots x ctx ({full}): the native backend keeps a KV \
+         stream per sequence and has no shared pool yet; drop --kv-cells or use --backend llama"
+    )]
+    NativeSharedPool { cells: u32, full: u64 },
 }
 
 /// Resolves the choice. `gpu` finds a CUDA GPU (its name, or why none); `not_q8_0` names a

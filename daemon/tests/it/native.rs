@@ -142,6 +142,30 @@ fn native_backend_refuses_weights_that_are_not_q8_0_naming_a_tensor() {
 }
 
 #[test]
+fn native_backend_with_a_shared_kv_pool_is_a_usage_error() {
+    let model = q8();
+    let (status, log) = Daemon::run_to_exit(
+        &[
+            "--model",
+            &model,
+            "--backend",
+            "native",
+            "--device",
+            "cpu",
+            "--slots",
+            "2",
+            "--ctx",
+            "512",
+            "--kv-cells",
+            "700",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("no shared pool yet"), "{log}");
+}
+
+#[test]
 fn native_backend_on_cuda_is_a_usage_error_until_its_path_is_wired() {
     let model = find_model().unwrap_or_else(|e| panic!("{e}"));
     let model = model.to_str().expect("UTF-8 path").to_string();
