@@ -67,6 +67,22 @@ pub struct Ledger {
     pub compute_reserved_bytes: u64,
 }
 
+/// The safety margin over `subtotal`: configured, else 5% of it, at least 16 MiB.
+fn margin_term(plan: &Plan, subtotal: u64) -> Term {
+    match plan.margin_bytes {
+        Some(bytes) => Term {
+            name: "margin",
+            bytes,
+            detail: "configured".into(),
+        },
+        None => Term {
+            name: "margin",
+            bytes: (subtotal / 20).max(16 << 20),
+            detail: "5% of the above, at least 16 MiB".into(),
+        },
+    }
+}
+
 impl Ledger {
     pub fn compute(shape: &ModelShape, plan: &Plan) -> Self {
         if plan.backend == BackendKind::Native {
@@ -104,9 +120,6 @@ impl Ledger {
             + OVERHEAD_PER_SLOT_VOCAB_TOKEN * shape.n_vocab * plan.slots;
         let weights = shape.tensor_bytes;
         let subtotal = weights + kv + compute + overhead;
-        let margin = plan
-            .margin_bytes
-            .unwrap_or_else(|| (subtotal / 20).max(16 << 20));
         Self {
             terms: vec![
                 Term {
@@ -142,15 +155,7 @@ impl Ledger {
                         plan.slots
                     ),
                 },
-                Term {
-                    name: "margin",
-                    bytes: margin,
-                    detail: if plan.margin_bytes.is_some() {
-                        "configured".into()
-                    } else {
-                        "5% of the above, at least 16 MiB".into()
-                    },
-                },
+                margin_term(plan, subtotal),
             ],
             compute_reserved_bytes: compute_reserved,
         }
@@ -177,9 +182,6 @@ impl Ledger {
         let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
         let weights = shape.tensor_bytes;
         let subtotal = weights + kv + scratch + overhead;
-        let margin = plan
-            .margin_bytes
-            .unwrap_or_else(|| (subtotal / 20).max(16 << 20));
         Self {
             terms: vec![
                 Term {
@@ -210,15 +212,7 @@ impl Ledger {
                     bytes: overhead,
                     detail: "runtime, allocator, tokenizer tables".into(),
                 },
-                Term {
-                    name: "margin",
-                    bytes: margin,
-                    detail: if plan.margin_bytes.is_some() {
-                        "configured".into()
-                    } else {
-                        "5% of the above, at least 16 MiB".into()
-                    },
-                },
+                margin_term(plan, subtotal),
             ],
             compute_reserved_bytes: scratch,
         }
