@@ -13,7 +13,10 @@ against inferloopd and against llama.cpp's llama-server with its prompt cache on
 * chat:   2 concurrent chats x 5 turns, the whole history resent every turn (the assistant's
   answer and a new question appended);
 * nonce:  workload `shared` with a unique number at the very start of every prompt: nothing
-  is reusable, so this measures what looking for reuse costs.
+  is reusable, so this measures what looking for reuse costs;
+* chat-relaxed: workload `chat` with inferloopd's `--prefix-cache relaxed`, which reuses the
+  decoded answers as llama-server does (exact mode recomputes them; see the README). Its
+  llama-server run is the `chat` one when both ran.
 
 Every (workload, server) pair runs on a freshly started server, so caches start cold, and the
 servers run one after the other, never at the same time. Per pair, client side: TTFT (request
@@ -53,7 +56,9 @@ from bench import (  # noqa: E402
     REPO, BenchError, Daemon, fmt, free_port, get_json, git_commit, stream_messages,
 )
 
-WORKLOADS = ("shared", "apps", "chat", "nonce")
+WORKLOADS = ("shared", "apps", "chat", "nonce", "chat-relaxed")
+# inferloopd flags a workload adds to the server's own.
+WORKLOAD_DAEMON_ARGS = {"chat-relaxed": ["--prefix-cache", "relaxed"]}
 SERVERS = ("inferloopd", "llama-server")
 # Per workload: the most TTFT may be, as a multiple of llama-server's, for each statistic.
 TARGETS: dict[str, dict[str, float]] = {
@@ -61,6 +66,7 @@ TARGETS: dict[str, dict[str, float]] = {
     "apps": {"median": 0.5},
     "chat": {"median": 1.0},
     "nonce": {"median": 1.05},
+    "chat-relaxed": {"median": 1.0},
 }
 # English instructions through SmolLM2's tokenizer: characters per token, measured. The
 # prompt token counts the servers report are recorded and printed, so drift shows.
@@ -190,6 +196,7 @@ def workload_clients(name: str, cfg: argparse.Namespace) -> list[Client]:
         "apps": lambda: apps_clients(cfg),
         "chat": lambda: chat_clients(cfg),
         "nonce": lambda: shared_clients(cfg, nonce=True),
+        "chat-relaxed": lambda: chat_clients(cfg),
     }[name]()
 
 
@@ -255,15 +262,15 @@ def run_clients(base_url: str, model_id: str, clients: list[Client], max_tokens:
 # --- servers -------------------------------------------------------------------------------
 
 
-def daemon_argv(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
+def daemon_argv(args: argparse.Namespace, workload: str) -> tuple[list[str], str | None, str]:
     """inferloopd on port 0 (its `listening on` line gives the address)."""
     argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
             "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
             "--prefix-slots", str(args.prefix_slots)]
-    return argv + args.daemon_arg, None, "/readyz"
+    return argv + WORKLOAD_DAEMON_ARGS.get(workload, []) + args.daemon_arg, None, "/readyz"
 
 
-def peer_argv(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
+def peer_argv(args: argparse.Namespace, workload: str) -> tuple[list[str], str | None, str]:
     """llama-server as bench.py starts it, but with its prompt cache on (its default)."""
     port = free_port()
     argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
@@ -276,7 +283,7 @@ def peer_argv(args: argparse.Namespace) -> tuple[list[str], str | None, str]:
 
 def run_on_server(server: str, workload: str, args: argparse.Namespace, log_dir: Path) -> dict:
     """Starts `server` afresh, warms it up on an unrelated prompt, runs `workload`, stops it."""
-    argv, base_url, ready_path = (daemon_argv if server == "inferloopd" else peer_argv)(args)
+    argv, base_url, ready_path = (daemon_argv if server == "inferloopd" else peer_argv)(args, workload)
     print(f"[{workload}] starting {server}: {' '.join(argv)}", file=sys.stderr)
     proc = Daemon(argv, log_dir / f"prefix-{workload}-{server}.log", base_url=base_url,
                   ready_path=ready_path)
@@ -370,7 +377,7 @@ def print_table(res: dict[str, Any]) -> None:
           "cached = prompt tokens reused / prompt tokens")
     header = ("workload", "req", "prompt", "inferloopd TTFT", "llama-server TTFT", "ratio med",
               "ratio mean", "decode tok/s il/ls", "cached il", "cached ls", "target")
-    widths = (9, 4, 7, 16, 18, 10, 11, 19, 12, 12, 0)
+    widths = (12, 4, 7, 16, 18, 10, 11, 19, 12, 12, 0)
     rows = [header]
     for name, w in res["workloads"].items():
         ours, peer, cmp = w["runs"].get("inferloopd"), w["runs"].get("llama-server"), w["compare"]
@@ -444,7 +451,7 @@ def check_files(args: argparse.Namespace) -> None:
 def warn_prompt_size(workload: str, run: dict[str, Any], target: int) -> None:
     """The system prompts are sized by a characters-per-token estimate; say when it is off."""
     n = run.get("prompt_tokens_median")
-    if workload != "chat" and n is not None and not 0.85 * target <= n <= 1.25 * target:
+    if not workload.startswith("chat") and n is not None and not 0.85 * target <= n <= 1.25 * target:
         print(f"prefix: warning: {workload}: median prompt is {n:.0f} tokens, not ~{target}",
               file=sys.stderr)
 
@@ -462,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     for workload in args.workloads:
         runs: dict[str, dict] = {}
         for server in SERVERS:
+            same = workloads.get("chat", {}).get("runs", {}).get(server)
+            if workload == "chat-relaxed" and server == "llama-server" and same:
+                # The same requests to the same server: run once.
+                runs[server] = same
+                continue
             try:
                 runs[server] = run_on_server(server, workload, args, output.parent)
             except BenchError as e:

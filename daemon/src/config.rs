@@ -12,7 +12,7 @@ use std::time::Duration;
 use inferloop_board::Roots;
 use inferloop_manifest::{IntegrityError, Loaded, Manifest};
 use inferloop_thermal::AdmissionConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 mod env;
 #[cfg(test)]
@@ -52,22 +52,36 @@ pub enum ConfigError {
     UnauthenticatedBind { host: IpAddr },
 }
 
-/// An `on`/`off` setting, spelled the same as a flag, in the file and in the environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+/// Prompt reuse (`--prefix-cache`), spelled the same as a flag, in the file and in the
+/// environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Switch {
+pub enum PrefixCache {
+    /// Reuse only KV rows computed exactly as without reuse: temperature-0 output is the
+    /// same token for token as with reuse off.
     On,
     Off,
+    /// Also reuse rows computed while decoding, as llama-server does: a resent chat history
+    /// recomputes only the new turn, and temperature-0 output may differ from reuse off
+    /// (llama.cpp rounds decoded rows differently from prompt rows).
+    Relaxed,
 }
 
-impl std::str::FromStr for Switch {
+impl PrefixCache {
+    pub fn enabled(self) -> bool {
+        self != PrefixCache::Off
+    }
+}
+
+impl std::str::FromStr for PrefixCache {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
-            "on" => Ok(Switch::On),
-            "off" => Ok(Switch::Off),
-            other => Err(format!("expected `on` or `off`, got `{other}`")),
+            "on" => Ok(PrefixCache::On),
+            "off" => Ok(PrefixCache::Off),
+            "relaxed" => Ok(PrefixCache::Relaxed),
+            other => Err(format!("expected `on`, `off` or `relaxed`, got `{other}`")),
         }
     }
 }
@@ -196,9 +210,11 @@ pub struct ServeLayer {
     #[arg(long)]
     pub kv_cells: Option<u32>,
     /// Reuse the KV cells of a prompt prefix already computed for another request
-    /// (`on` or `off`; default on).
-    #[arg(long, value_name = "on|off")]
-    pub prefix_cache: Option<Switch>,
+    /// (`on`, `off` or `relaxed`; default on). `on` keeps temperature-0 output identical to
+    /// `off`; `relaxed` also reuses decoded tokens, as llama-server does, so a resent chat
+    /// history recomputes only its new turn, but output may differ from `off`.
+    #[arg(long, value_name = "on|off|relaxed")]
+    pub prefix_cache: Option<PrefixCache>,
     /// Backend sequences beyond the slots: idle ones keep earlier prompts' prefixes, so
     /// that more distinct prompts stay reusable than there are slots. A request starts in
     /// the idle sequence holding its longest prefix; no more than `slots` run at once.
@@ -255,7 +271,7 @@ pub struct ServeConfig {
     /// KV cells for all slots together.
     pub kv_cells: u32,
     /// Prompt reuse across requests (`--prefix-cache`).
-    pub prefix_cache: bool,
+    pub prefix_cache: PrefixCache,
     /// Sequences that only retain prompt prefixes (`--prefix-slots`; 0 with reuse off).
     pub prefix_slots: usize,
     pub host: IpAddr,
@@ -456,8 +472,8 @@ impl ServeConfig {
                 &format!("must be between ctx ({ctx}) and slots x ctx ({full})"),
             ));
         }
-        let prefix_cache = l.prefix_cache.unwrap_or(Switch::On) == Switch::On;
-        let prefix_slots = match (prefix_cache, l.prefix_slots) {
+        let prefix_cache = l.prefix_cache.unwrap_or(PrefixCache::On);
+        let prefix_slots = match (prefix_cache.enabled(), l.prefix_slots) {
             (false, _) => 0,
             (true, Some(n)) => n,
             // They cost no memory in a shared pool: keep twice as many prompts as run.

@@ -480,6 +480,7 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
         ServeConfig::resolve(file_layer, flags, env_layer)
             .expect("valid")
             .prefix_cache
+            .enabled()
     };
     assert!(resolve(None, ServeLayer::default(), ServeLayer::default()));
     assert!(!resolve(
@@ -493,13 +494,22 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
         env(&[("INFERLOOP_PREFIX_CACHE", "OFF")])
     ));
     let on = ServeLayer {
-        prefix_cache: Some(Switch::On),
+        prefix_cache: Some(PrefixCache::On),
         ..ServeLayer::default()
     };
     assert!(resolve(None, on, env(&[("INFERLOOP_PREFIX_CACHE", "off")])));
     let err = ServeLayer::from_env(|k| (k == "INFERLOOP_PREFIX_CACHE").then(|| "maybe".into()))
         .expect_err("neither on nor off");
     assert!(err.to_string().contains("INFERLOOP_PREFIX_CACHE"), "{err}");
+    let relaxed = |layer: ServeLayer| {
+        ServeConfig::resolve(None, layer, ServeLayer::default())
+            .expect("valid")
+            .prefix_cache
+    };
+    let from_env = env(&[("INFERLOOP_PREFIX_CACHE", "Relaxed")]);
+    assert_eq!(relaxed(from_env), PrefixCache::Relaxed);
+    let from_file = file("prefix_cache = \"relaxed\"\n");
+    assert_eq!(relaxed(from_file), PrefixCache::Relaxed);
 }
 
 #[test]
@@ -515,7 +525,7 @@ fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
     assert_eq!(from_env.ok(), Some(5));
     let off = ServeLayer {
         prefix_slots: Some(5),
-        prefix_cache: Some(Switch::Off),
+        prefix_cache: Some(PrefixCache::Off),
         ..none()
     };
     assert_eq!(resolve(None, off, none()).ok(), Some(0), "nothing to keep");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::ServeConfig;
+use crate::config::{PrefixCache, ServeConfig};
 use crate::metrics::text::TextWriter;
 
 /// Prompt tokens fed per step beside the running streams, and llama.cpp's widest
@@ -33,8 +33,8 @@ pub struct EnginePlan {
     /// Widest micro-batch the backend computes at once.
     pub n_ubatch: u32,
     pub threads: i32,
-    /// Finished requests' KV cells stay for prompt reuse.
-    pub prefix_cache: bool,
+    /// Finished requests' KV cells stay for prompt reuse (exactly or relaxed).
+    pub prefix_cache: PrefixCache,
     /// Backend sequences beyond the slots: idle ones retain prompt prefixes, and a request
     /// may start in any idle sequence (at most `slots` run at once).
     pub prefix_slots: usize,

@@ -15,6 +15,12 @@
 //! prompt chunks end at fixed multiples of the prefill chunk, and a reuse point is chosen
 //! so that the rows after it fall into chunks of the same kind as without reuse
 //! ([`exact_cut`]).
+//!
+//! In relaxed mode (`--prefix-cache relaxed`) every resident row is reusable at any point,
+//! decoded tokens included, as llama-server reuses them: a resent chat history then costs
+//! only its new turn, and temperature-0 output may differ from reuse off.
+
+use crate::config::PrefixCache;
 
 /// Fewer shared tokens than this are recomputed rather than copied from another slot: with
 /// a KV stream per slot, llama.cpp copies a whole stream, which costs about what prefilling
@@ -33,6 +39,8 @@ pub const TAIL_ROWS: usize = 16;
 #[derive(Debug)]
 pub struct PrefixIndex {
     enabled: bool,
+    /// Relaxed mode: every resident row is reusable, wherever a prompt diverges.
+    relaxed: bool,
     /// The tokens at positions `0..len` of each slot's KV cells.
     resident: Vec<Vec<i32>>,
     /// How many leading resident rows were computed as tiled prompt rows: the reusable ones.
@@ -50,9 +58,10 @@ pub struct Hit {
 }
 
 impl PrefixIndex {
-    pub fn new(slots: usize, enabled: bool) -> Self {
+    pub fn new(slots: usize, mode: PrefixCache) -> Self {
         Self {
-            enabled,
+            enabled: mode.enabled(),
+            relaxed: mode == PrefixCache::Relaxed,
             resident: vec![Vec::new(); slots],
             exact: vec![0; slots],
             used: vec![0; slots],
@@ -128,7 +137,7 @@ impl PrefixIndex {
         }
         let contiguous = self.exact[slot] == self.resident[slot].len();
         self.resident[slot].extend_from_slice(tokens);
-        if contiguous && prompt && tokens.len() >= TILE_ROWS {
+        if self.relaxed || (contiguous && prompt && tokens.len() >= TILE_ROWS) {
             self.exact[slot] = self.resident[slot].len();
         }
     }
@@ -142,6 +151,16 @@ impl PrefixIndex {
     pub fn clear(&mut self, slot: usize) {
         self.resident[slot].clear();
         self.exact[slot] = 0;
+    }
+
+    /// Where a prompt of `n` tokens may take over `len` resident rows: [`exact_cut`], or
+    /// anywhere short of its last token in relaxed mode.
+    pub fn cut(&self, len: usize, n: usize, chunk: usize) -> usize {
+        if self.relaxed {
+            len.min(n.saturating_sub(1))
+        } else {
+            exact_cut(len, n, chunk)
+        }
     }
 
     pub fn touch(&mut self, slot: usize) {
@@ -210,7 +229,7 @@ mod tests {
 
     #[test]
     fn the_longest_resident_prefix_wins_and_the_last_token_is_always_fed() {
-        let mut p = PrefixIndex::new(3, true);
+        let mut p = PrefixIndex::new(3, PrefixCache::On);
         p.set(0, &[1, 2, 3]);
         p.set(1, &[1, 2, 3, 4, 5]);
         p.set(2, &[9]);
@@ -226,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_prompt_goes_to_the_free_slot_holding_its_prefix_else_an_empty_one_else_the_oldest() {
-        let mut p = PrefixIndex::new(4, true);
+        let mut p = PrefixIndex::new(4, PrefixCache::On);
         let long = |t: i32| vec![t; MIN_COPY];
         p.set(0, &[1, 2]);
         p.set(1, &long(5));
@@ -245,7 +264,7 @@ mod tests {
 
     #[test]
     fn fed_tokens_extend_what_a_slot_holds_and_idle_slots_count_as_retained() {
-        let mut p = PrefixIndex::new(2, true);
+        let mut p = PrefixIndex::new(2, PrefixCache::On);
         p.set(0, &[1]);
         p.fed(0, &[2; TILE_ROWS], true);
         p.fed(0, &[3; TILE_ROWS - 1], true);
@@ -271,8 +290,28 @@ mod tests {
     }
 
     #[test]
+    fn relaxed_mode_reuses_short_chunks_and_decoded_tokens_and_cuts_anywhere() {
+        let mut p = PrefixIndex::new(1, PrefixCache::Relaxed);
+        p.set(0, &[1]);
+        p.fed(0, &[2; 5], true);
+        p.fed(0, &[3], false);
+        p.fed(0, &[4], false);
+        // A resent chat: the history with the decoded answer, then a new turn.
+        let prompt = [1, 2, 2, 2, 2, 2, 3, 4, 9, 9];
+        assert_eq!(p.longest(&prompt), Some(Hit { slot: 0, len: 8 }));
+        assert_eq!(p.cut(8, prompt.len(), 512), 8, "no tile rule");
+        assert_eq!(p.cut(10, 10, 512), 9, "the last token is still fed");
+        let exact = PrefixIndex::new(1, PrefixCache::On);
+        assert_eq!(
+            exact.cut(8, prompt.len(), 512),
+            0,
+            "one short run without reuse"
+        );
+    }
+
+    #[test]
     fn disabled_it_finds_nothing_and_takes_the_first_free_slot() {
-        let mut p = PrefixIndex::new(2, false);
+        let mut p = PrefixIndex::new(2, PrefixCache::Off);
         p.set(1, &[1, 2, 3]);
         assert_eq!(p.longest(&[1, 2, 3, 4]), None);
         assert_eq!(p.choose(&[1, 2, 3, 4], &[0, 1]), 0);

@@ -11,6 +11,7 @@ use super::fake::{Fake, FakeVocab};
 use super::plan::{EnginePlan, STEP_TOKENS};
 use super::thread::{spawn, Handle};
 use super::{EngineError, Event, FinishReason, GenerationRequest, SamplingParams};
+use crate::config::PrefixCache;
 use crate::http::error::ApiError;
 use crate::metrics::Metrics;
 use crate::thermal::{GateFeed, ThermalGate};
@@ -31,7 +32,7 @@ fn plan(slots: usize, queue: usize) -> EnginePlan {
         n_batch: STEP_TOKENS + slots as u32,
         n_ubatch: STEP_TOKENS,
         threads: 1,
-        prefix_cache: true,
+        prefix_cache: PrefixCache::On,
         prefix_slots: 0,
         queue_timeout: Duration::from_secs(10),
     }
@@ -487,7 +488,7 @@ async fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
 #[tokio::test]
 async fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
     let mut p = plan(1, 1);
-    p.prefix_cache = false;
+    p.prefix_cache = PrefixCache::Off;
     let r = rig(p);
     for _ in 0..2 {
         let mut rx = r.engine.submit(request(300, 2)).await.expect("slot");

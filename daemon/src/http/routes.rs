@@ -183,7 +183,8 @@ fn prefix_cache_status(
     let lookup = metrics.prefix_lookup_tokens_total.get();
     let hit = metrics.prefix_hit_tokens_total.get();
     json!({
-        "enabled": plan.prefix_cache,
+        "enabled": plan.prefix_cache.enabled(),
+        "mode": plan.prefix_cache,
         "prefix_slots": plan.prefix_slots,
         "lookup_tokens": lookup,
         "hit_tokens": hit,

@@ -184,6 +184,48 @@ async fn reuse_on_gives_the_same_text_as_reuse_off_and_reports_the_cached_tokens
     assert_eq!(off.status().await["prefix_cache"]["enabled"], false);
 }
 
+/// Turn two of a chat whose first answer is the model's own: prompt tokens of turn one, its
+/// completion tokens, and the tokens turn two found cached.
+async fn resent_chat(d: &Daemon) -> (u64, u64, u64) {
+    let first = chat("What does the fan do?", false);
+    let v = d.chat(&first).await;
+    let usage = &v["usage"];
+    let (prompt, completion) = (
+        usage["prompt_tokens"].as_u64().expect("prompt_tokens"),
+        usage["completion_tokens"]
+            .as_u64()
+            .expect("completion_tokens"),
+    );
+    let mut second = first.clone();
+    let messages = second["messages"].as_array_mut().expect("messages");
+    messages.push(json!({"role": "assistant", "content": text_of(&v)}));
+    messages.push(json!({"role": "user", "content": "And when does it stop?"}));
+    let (text, cached) = ask(d, "/v1/chat/completions", &second).await;
+    assert!(!text.is_empty(), "turn two answered");
+    (prompt, completion, cached)
+}
+
+#[tokio::test]
+async fn relaxed_reuse_takes_the_decoded_answer_of_a_resent_chat() {
+    let args = ["--slots", "1", "--ctx", "1024"];
+    let relaxed = Daemon::start(&[&args[..], &["--prefix-cache", "relaxed"]].concat());
+    let (prompt, completion, cached) = resent_chat(&relaxed).await;
+    assert!(
+        cached > prompt + completion / 2,
+        "relaxed: turn two reuses turn one's prompt ({prompt}) and most of its \
+         {completion} decoded tokens, got {cached}"
+    );
+    let status = relaxed.status().await;
+    assert_eq!(status["prefix_cache"]["mode"], "relaxed");
+    let exact = Daemon::start(&args);
+    let (prompt, _, cached) = resent_chat(&exact).await;
+    assert!(
+        cached <= prompt,
+        "on: decoded rows are never reused ({cached} of {prompt})"
+    );
+    assert_eq!(exact.status().await["prefix_cache"]["mode"], "on");
+}
+
 #[tokio::test]
 async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
     let on = Daemon::start(&["--slots", "2", "--ctx", "1024"]);

@@ -348,7 +348,7 @@ mod tests {
             n_batch: STEP_TOKENS + slots as u32,
             n_ubatch: STEP_TOKENS,
             threads: 1,
-            prefix_cache: true,
+            prefix_cache: crate::config::PrefixCache::On,
             prefix_slots: 0,
             queue_timeout: Duration::from_secs(10),
         };

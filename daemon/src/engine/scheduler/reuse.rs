@@ -2,7 +2,7 @@
 //! requests waiting for a prefix another is computing, and eviction from a shared pool.
 
 use super::super::backend::Backend;
-use super::super::prefix::{common_prefix, exact_cut, Hit, MIN_COPY, TILE_ROWS};
+use super::super::prefix::{common_prefix, Hit, MIN_COPY, TILE_ROWS};
 use super::super::sequence::{Phase, Sequence};
 use super::Scheduler;
 
@@ -34,7 +34,7 @@ impl<B: Backend> Scheduler<'_, B> {
             .prefix
             .longest(prompt)
             .map(|h| Hit {
-                len: exact_cut(h.len, prompt.len(), chunk),
+                len: self.prefix.cut(h.len, prompt.len(), chunk),
                 ..h
             })
             .filter(|h| h.len > 0 && (h.slot == slot || h.len >= MIN_COPY));
@@ -68,7 +68,7 @@ impl<B: Backend> Scheduler<'_, B> {
         let resident = self
             .prefix
             .longest(prompt)
-            .map_or(0, |h| exact_cut(h.len, n, chunk));
+            .map_or(0, |h| self.prefix.cut(h.len, n, chunk));
         let (src, len) = self
             .seqs
             .iter()
@@ -77,7 +77,12 @@ impl<B: Backend> Scheduler<'_, B> {
             .filter(|&(s, q)| {
                 s != slot && matches!(q.phase, Phase::Prefill { .. }) && q.awaiting.is_none()
             })
-            .map(|(s, q)| (s, exact_cut(common_prefix(&q.prompt, prompt), n, chunk)))
+            .map(|(s, q)| {
+                (
+                    s,
+                    self.prefix.cut(common_prefix(&q.prompt, prompt), n, chunk),
+                )
+            })
             .max_by_key(|&(s, len)| (len, std::cmp::Reverse(s)))?;
         (len >= resident + TILE_ROWS).then_some((src, len))
     }
