@@ -2,7 +2,7 @@
 //! quantizer, so the daemon and the tests can make the Q8_0 model the native engine reads.
 
 use std::collections::BTreeMap;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::fmt;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -90,8 +90,8 @@ pub enum QuantizeError {
     OutputIsDir(PathBuf),
     #[error("output {} is the input file; write the quantized model to another path", .0.display())]
     OutputIsInput(PathBuf),
-    #[error("cannot read the GGUF header of {}; is it a GGUF file?", .0.display())]
-    Header(PathBuf),
+    #[error("cannot read the GGUF header of {}: {reason}", .path.display())]
+    Header { path: PathBuf, reason: String },
     #[error("cannot start llama.cpp: {0}")]
     Backend(LlamaCppError),
     #[error(
@@ -121,7 +121,7 @@ impl QuantizeError {
             Self::OutputDirMissing { .. } => "output_dir_missing",
             Self::OutputIsDir(_) => "output_is_dir",
             Self::OutputIsInput(_) => "output_is_input",
-            Self::Header(_) => "not_gguf",
+            Self::Header { .. } => "not_gguf",
             Self::Backend(_) => "backend",
             Self::Llama { .. } => "llama",
             Self::Io { .. } => "io",
@@ -136,7 +136,7 @@ impl QuantizeError {
             | Self::OutputDirMissing { .. }
             | Self::OutputIsDir(_)
             | Self::OutputIsInput(_) => ExitCode::Usage,
-            Self::Header(_) | Self::Backend(_) | Self::Llama { .. } | Self::Io { .. } => {
+            Self::Header { .. } | Self::Backend(_) | Self::Llama { .. } | Self::Io { .. } => {
                 ExitCode::ModelLoad
             }
         }
@@ -343,23 +343,25 @@ pub struct TensorType {
 }
 
 impl GgufTypes {
+    /// Reads the header with the same reader the ledger and the native backend use.
     pub fn read(path: &Path) -> Result<Self, QuantizeError> {
-        let c = c_path(path)?;
-        let params = sys::gguf_init_params {
-            no_alloc: true,
-            ctx: std::ptr::null_mut(),
-        };
-        // SAFETY: `c` is NUL-terminated and outlives the call; with `no_alloc` and a null
-        // `ctx` only the header is read. Null means the file is not a readable GGUF.
-        let ctx = unsafe { sys::gguf_init_from_file(c.as_ptr(), params) };
-        if ctx.is_null() {
-            return Err(QuantizeError::Header(path.to_path_buf()));
-        }
-        let ctx = GgufCtx(ctx);
-        Ok(Self {
-            file_type: ctx.file_type(),
-            tensors: ctx.tensors(),
-        })
+        let gguf = inferloop_gguf::Gguf::open(path).map_err(|e| QuantizeError::Header {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let file_type = gguf
+            .get_u32("general.file_type")
+            .map_or_else(|| "unknown".into(), ftype_name);
+        let tensors = gguf
+            .tensors()
+            .iter()
+            .map(|t| TensorType {
+                name: t.name().to_owned(),
+                ggml_type: t.ggml_type().name().to_owned(),
+                n_dims: t.dims().iter().rposition(|&d| d != 1).map_or(1, |i| i + 1),
+            })
+            .collect();
+        Ok(Self { file_type, tensors })
     }
 
     /// `q8_0: 210, f32: 61`: tensors per type, most first.
@@ -375,60 +377,6 @@ impl GgufTypes {
             .map(|(t, n)| format!("{t}: {n}"))
             .collect::<Vec<_>>()
             .join(", ")
-    }
-}
-
-/// Owns a `gguf_context`; freed on drop.
-struct GgufCtx(*mut sys::gguf_context);
-
-impl GgufCtx {
-    fn file_type(&self) -> String {
-        // SAFETY: the context is valid while `self` lives; the key is NUL-terminated.
-        let id = unsafe { sys::gguf_find_key(self.0, c"general.file_type".as_ptr()) };
-        if id < 0 {
-            return "unknown".into();
-        }
-        // SAFETY: `id` is a key of this context; its type is checked before reading it.
-        let ftype = unsafe {
-            match sys::gguf_get_kv_type(self.0, id) {
-                sys::GGUF_TYPE_UINT32 => sys::gguf_get_val_u32(self.0, id),
-                sys::GGUF_TYPE_INT32 => sys::gguf_get_val_i32(self.0, id) as u32,
-                _ => return "unknown".into(),
-            }
-        };
-        ftype_name(ftype)
-    }
-
-    fn tensors(&self) -> Vec<TensorType> {
-        // SAFETY (each call below): the context is valid while `self` lives and every id is
-        // in 0..n_tensors; names are NUL-terminated strings owned by the context, copied at
-        // once; `ne` points at ggml's four dimensions.
-        let n = unsafe { sys::gguf_get_n_tensors(self.0) };
-        (0..n)
-            .map(|id| unsafe {
-                let name = CStr::from_ptr(sys::gguf_get_tensor_name(self.0, id))
-                    .to_string_lossy()
-                    .into_owned();
-                let ty = sys::gguf_get_tensor_type(self.0, id);
-                let ggml_type = CStr::from_ptr(sys::ggml_type_name(ty))
-                    .to_string_lossy()
-                    .into_owned();
-                let ne = std::slice::from_raw_parts(sys::gguf_get_tensor_ne(self.0, id), 4);
-                let n_dims = ne.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-                TensorType {
-                    name,
-                    ggml_type,
-                    n_dims,
-                }
-            })
-            .collect()
-    }
-}
-
-impl Drop for GgufCtx {
-    fn drop(&mut self) {
-        // SAFETY: the context came from gguf_init_from_file and is freed once, here.
-        unsafe { sys::gguf_free(self.0) }
     }
 }
 
@@ -520,7 +468,7 @@ mod tests {
             "out.gguf".as_ref(),
         ))
         .unwrap_err();
-        assert!(matches!(err, QuantizeError::Header(_)), "{err}");
+        assert!(matches!(err, QuantizeError::Header { .. }), "{err}");
         assert_eq!(err.exit_code(), ExitCode::ModelLoad);
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

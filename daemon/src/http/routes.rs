@@ -8,6 +8,8 @@ use axum::Json;
 use inferloop_thermal::{Reading, ThermalState};
 use serde_json::json;
 
+use crate::engine::select::BackendKind;
+
 use super::error::ApiError;
 use super::wire::{ModelCard, ModelList};
 use super::AppState;
@@ -103,7 +105,8 @@ pub async fn status(State(state): State<AppState>) -> Response {
         "uptime_s": state.started.elapsed().as_secs_f64(),
         "model": model,
         "backend": &state.boot.selection,
-        "llama": { "system_info": crate::engine::llama_system_info() },
+        "llama": llama_details(&state.boot.selection),
+        "native": native_details(&state.boot.selection),
         "slots": {
             "total": plan.slots,
             "active": load.active,
@@ -173,6 +176,26 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
         "history": readings,
     }))
     .into_response()
+}
+
+/// llama.cpp's build features when it serves, else null.
+fn llama_details(selection: &crate::engine::select::Selection) -> serde_json::Value {
+    match selection.backend {
+        BackendKind::LlamaCpp => json!({ "system_info": crate::engine::llama_system_info() }),
+        BackendKind::Native => serde_json::Value::Null,
+    }
+}
+
+/// The native backend's device and the vector instructions its CPU kernels use when it
+/// serves, else null.
+fn native_details(selection: &crate::engine::select::Selection) -> serde_json::Value {
+    match selection.backend {
+        BackendKind::Native => json!({
+            "device": selection.device,
+            "cpu_isa": format!("{:?}", inferloop_kernels::cpu::simd::Isa::detect()).to_lowercase(),
+        }),
+        BackendKind::LlamaCpp => serde_json::Value::Null,
+    }
 }
 
 /// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.

@@ -153,6 +153,10 @@ async fn status_reports_slots_queue_model_and_uptime() {
 #[tokio::test]
 async fn status_shows_llama_cpp_built_with_the_expected_instruction_sets() {
     let s = shared().status().await;
+    assert!(
+        s["native"].is_null(),
+        "the native backend does not serve: {s}"
+    );
     let info = s["llama"]["system_info"].as_str().expect("system_info");
     let expected: &[&str] = if cfg!(target_arch = "x86_64") {
         &["AVX = 1", "AVX2 = 1", "FMA = 1", "F16C = 1"]

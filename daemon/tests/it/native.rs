@@ -75,6 +75,13 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
         json!({"name": "native", "device": "cpu"}),
         "{status}"
     );
+    assert!(
+        status["llama"].is_null(),
+        "llama.cpp does not serve: {status}"
+    );
+    assert_eq!(status["native"]["device"], "cpu", "{status}");
+    let isa = status["native"]["cpu_isa"].as_str().unwrap_or_default();
+    assert!(["avx2", "neon", "scalar"].contains(&isa), "{status}");
     let metrics = d.metrics().await;
     assert!(
         metrics.contains("inferloop_backend_info{backend=\"native\",device=\"cpu\"} 1\n"),
