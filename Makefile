@@ -53,6 +53,11 @@ help:
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
+	@echo "  ota-keys development CA + code-signing cert into $(OTA_KEYS)/ (never ship them)"
+	@echo "  bundle   build $(OTA_SPEC) and sign it into $(BUNDLE) with the dev keys"
+	@echo "  ota-test  A/B updates with the real RAUC on loop devices (root): install, refusals, kill -9, rollback"
+	@echo "  ota-kill  the kill -9 mid-write case $(OTA_KILL_RUNS_MANY) times"
+	@echo "  ota-demo  keys, images 1.0.0 and 1.1.0, bundles into out/ota-demo/, then install -> reboot -> mark-good"
 	@echo "  fmt, clippy, clean"
 
 deps:
@@ -186,7 +191,7 @@ IMAGE_BIN    := target/release/inferloop-image
 # same bytes. Override to rebuild an older image exactly.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: cross cross-test image image-tool base-rootfs
+.PHONY: cross cross-test image image-tool base-rootfs ota-keys bundle
 
 cross:
 	scripts/cross-build.sh
@@ -207,6 +212,26 @@ image: image-tool base-rootfs $(CROSS_BIN)
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(IMAGE_SPEC) --out $(IMAGE_OUT)
 	$(IMAGE_BIN) verify --manifest $(IMAGE_OUT)/manifest.json
 	$(IMAGE_BIN) inspect $(IMAGE_OUT)/manifest.json
+
+# RAUC update bundles (issue 15). ota-keys keeps existing keys (scripts/ota-keys.sh --force
+# replaces them). $(OTA_SPEC) names $(OTA_KEYS)/ca.cert.pem as its keyring by a relative
+# path: with other keys, edit the spec too. BUNDLE_FORMAT=plain for kernels without dm-verity.
+OTA_KEYS      ?= out/ota-keys
+OTA_SPEC      ?= image/examples/orin-nx-16gb-ota.toml
+OTA_IMAGE_OUT ?= out/image-ota
+BUNDLE        ?= out/bundle/inferloop-jetson-orin-nx-16gb.raucb
+BUNDLE_FORMAT ?= verity
+
+ota-keys:
+	scripts/ota-keys.sh $(OTA_KEYS)
+
+bundle: image-tool base-rootfs $(CROSS_BIN) ota-keys
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(OTA_SPEC) --out $(OTA_IMAGE_OUT)
+	$(IMAGE_BIN) verify --manifest $(OTA_IMAGE_OUT)/manifest.json
+	$(IMAGE_BIN) bundle --spec $(OTA_SPEC) --image $(OTA_IMAGE_OUT) --format $(BUNDLE_FORMAT) \
+	  --cert $(OTA_KEYS)/signing.cert.pem --key $(OTA_KEYS)/signing.key.pem \
+	  --keyring $(OTA_KEYS)/ca.cert.pem --out $(BUNDLE) --force
+	$(IMAGE_BIN) inspect $(BUNDLE) --keyring $(OTA_KEYS)/ca.cert.pem
 
 # --- Qualification (issue 5) ---------------------------------------------------------------
 #
@@ -235,3 +260,34 @@ test-native: $(VENV)/.installed model-q8
 	  --report out/qual-native $(QUAL_ARGS)
 	INFERLOOPD=$(abspath $(BIN)) INFERLOOP_TEST_MODEL=$(abspath $(MODEL_Q8)) \
 	  INFERLOOPD_ARGS="--backend native --device cpu" $(VENV)/bin/pytest -q tests/python
+
+# --- A/B updates with RAUC (issue 15) -----------------------------------------------------
+#
+#   make ota-test   tests/ota/ with the real RAUC 1.8: a system D-Bus on a socket, `rauc service`
+#                   in its own mount namespace, two loop-device slots and a fake nvbootctrl
+#                   (needs root; ~2 minutes). OTA_KILL_RUNS sets the kill -9 repetitions (3).
+#   make ota-kill   only the kill -9 mid-write case, $(OTA_KILL_RUNS_MANY) times
+#   make ota-demo   install -> reboot -> mark-good on the emulated board, printing `rauc status`
+#
+# OTA_WORK=DIR keeps the keys, images and bundles in DIR instead of a temporary directory.
+
+OTA_KILL_RUNS ?= 3
+OTA_KILL_RUNS_MANY ?= 20
+
+.PHONY: ota-test ota-kill ota-demo
+
+ota-test: image-tool $(VENV)/.installed
+	mkdir -p out/ota-test
+	cd tests/ota && OTA_REQUIRE=1 OTA_KILL_RUNS=$(OTA_KILL_RUNS) OTA_REPORT=$(abspath out/ota-test/timings.txt) \
+	  $(abspath $(VENV))/bin/pytest -q -rs -p no:cacheprovider test_ota.py
+	cat out/ota-test/timings.txt
+
+ota-kill: image-tool $(VENV)/.installed
+	mkdir -p out/ota-test
+	cd tests/ota && OTA_REQUIRE=1 OTA_KILL_RUNS=$(OTA_KILL_RUNS_MANY) OTA_REPORT=$(abspath out/ota-test/kill-timings.txt) \
+	  $(abspath $(VENV))/bin/pytest -q -rs -s -p no:cacheprovider -k test_f_kill test_ota.py
+	cat out/ota-test/kill-timings.txt
+
+ota-demo: image-tool
+	rm -rf out/ota-demo
+	$(PYTHON) tests/ota/ota.py demo out/ota-demo

@@ -25,6 +25,12 @@ APT_PACKAGES=(
     squashfs-tools
     erofs-utils
     zstd
+    # OTA (issue 15): RAUC bundles and installs, tested with a real D-Bus service.
+    rauc
+    rauc-service
+    dbus
+    openssl
+    util-linux
 )
 MIN_RUST="1.85.0" # keep in step with rust-version in Cargo.toml
 

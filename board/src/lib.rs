@@ -20,6 +20,7 @@ pub use detect::{Detection, Detector, HostFacts, Reason, Roots};
 pub use error::BoardError;
 pub use gpu::{GpuInfo, GpuProbe, NoGpu, NoGpuProbe, NvmlProbe};
 pub use profile::{
-    BoardProfile, ComputeCapability, GpuSpec, PerfFloors, PowerMode, ThermalZoneSpec,
+    BoardProfile, ComputeCapability, GpuSpec, OtaSlot, OtaSpec, PerfFloors, PowerMode,
+    ThermalZoneSpec,
 };
 pub use render::render_detection;

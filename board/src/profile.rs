@@ -53,6 +53,10 @@ pub struct BoardProfile {
     /// Performance floors for the default model; absent means "skipped, measured value recorded".
     #[serde(default)]
     pub perf_floors: Option<PerfFloors>,
+    /// A/B root filesystem slots for RAUC updates; absent on boards InferLoop does not
+    /// update in place (the generic profiles).
+    #[serde(default)]
+    pub ota: Option<OtaSpec>,
 }
 
 /// GPU facts from the data sheet.
@@ -140,6 +144,116 @@ pub struct PerfFloors {
     /// Decode speed must reach at least this.
     #[serde(default)]
     pub decode_tok_s_min: Option<f64>,
+}
+
+/// The A/B update layout of a board: what RAUC's `system.conf` needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtaSpec {
+    /// The root filesystem slots, one per bootloader slot.
+    pub slots: Vec<OtaSlot>,
+    /// Boots a freshly installed slot gets before the bootloader falls back to the other.
+    pub boot_tries: u32,
+}
+
+/// One root filesystem slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtaSlot {
+    /// RAUC's slot name, `rootfs.<index>`: bundles carry one `rootfs` image for the class.
+    pub name: String,
+    /// The block device, by a name that survives re-enumeration (`/dev/disk/by-partlabel/…`).
+    pub device: String,
+    /// The bootloader's name for the slot (`A`, `B`).
+    pub bootname: String,
+}
+
+/// RAUC's slot class of root filesystem slots, and the image name in a bundle.
+pub const OTA_SLOT_CLASS: &str = "rootfs";
+/// Upper bound on `boot_tries`: Tegra's per-slot retry counter is 3 bits.
+pub const OTA_MAX_BOOT_TRIES: u32 = 7;
+
+impl OtaSpec {
+    /// Checks the layout; `invalid(field, message)` builds the profile's error.
+    fn check(&self, invalid: &dyn Fn(&str, String) -> BoardError) -> Result<(), BoardError> {
+        if self.slots.len() < 2 {
+            return Err(invalid(
+                "ota.slots",
+                format!("needs at least two slots (A/B), got {}", self.slots.len()),
+            ));
+        }
+        if !(1..=OTA_MAX_BOOT_TRIES).contains(&self.boot_tries) {
+            return Err(invalid(
+                "ota.boot_tries",
+                format!(
+                    "must be in 1..={OTA_MAX_BOOT_TRIES}, got {}",
+                    self.boot_tries
+                ),
+            ));
+        }
+        let (mut names, mut devices, mut bootnames) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        for slot in &self.slots {
+            let index_ok = slot
+                .name
+                .strip_prefix(OTA_SLOT_CLASS)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+            if !index_ok {
+                return Err(invalid(
+                    "ota.slots",
+                    format!(
+                        "slot name {:?} must be `{OTA_SLOT_CLASS}.<index>`",
+                        slot.name
+                    ),
+                ));
+            }
+            // RAUC's config is a key file: a newline or a leading/trailing space in a
+            // value would change its meaning.
+            let device_ok = slot.device.starts_with('/')
+                && slot.device.len() > 1
+                && !slot
+                    .device
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control());
+            if !device_ok {
+                return Err(invalid(
+                    "ota.slots",
+                    format!(
+                        "slot {}: device {:?} must be an absolute path without spaces",
+                        slot.name, slot.device
+                    ),
+                ));
+            }
+            let bootname_ok = !slot.bootname.is_empty()
+                && slot
+                    .bootname
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !bootname_ok {
+                return Err(invalid(
+                    "ota.slots",
+                    format!(
+                        "slot {}: bootname {:?} must be letters, digits, `_` or `-`",
+                        slot.name, slot.bootname
+                    ),
+                ));
+            }
+            for (seen, value, what) in [
+                (&mut names, &slot.name, "name"),
+                (&mut devices, &slot.device, "device"),
+                (&mut bootnames, &slot.bootname, "bootname"),
+            ] {
+                if !seen.insert(value.clone()) {
+                    return Err(invalid(
+                        "ota.slots",
+                        format!("two slots have the {what} {value:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl BoardProfile {
@@ -281,7 +395,15 @@ impl BoardProfile {
                 }
             }
         }
+        if let Some(ota) = &self.ota {
+            ota.check(&invalid)?;
+        }
         Ok(())
+    }
+
+    /// The RAUC `compatible` of this board: bundles for it must carry the same string.
+    pub fn rauc_compatible(&self) -> String {
+        format!("inferloop-{}", self.name)
     }
 }
 

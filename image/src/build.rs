@@ -9,9 +9,10 @@ use inferloop_manifest::{
 };
 
 use crate::error::ImageError;
+use crate::ota;
 use crate::pack;
 use crate::progress::Progress;
-use crate::spec::{ModelInput, Spec, CONFIG_PATH, DAEMON_PATH};
+use crate::spec::{ModelInput, OtaInput, Spec, CONFIG_PATH, DAEMON_PATH};
 use crate::stage;
 use crate::tools;
 use crate::tree::{self, Specials};
@@ -77,6 +78,10 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     let daemon_dest = tree::join(&root, DAEMON_PATH);
     tree::mkdir_p(daemon_dest.parent().unwrap_or(&root))?;
     replace_with_copy(&spec.daemon.path, &daemon_dest, 0o755)?;
+    if let Some(input) = &spec.ota {
+        tracing::info!(keyring = %input.keyring.display(), "installing the RAUC config and keyring");
+        install_ota(spec, input, &root)?;
+    }
 
     if let ModelInput::Baked { file, .. } = &spec.model {
         let dest = tree::join(&root, &spec.model.device_path());
@@ -221,6 +226,35 @@ fn manifest_for(
         }),
         artifacts: None,
     })
+}
+
+/// RAUC's config and keyring, and the qualification binary when the spec names one. They
+/// are listed in the manifest like every other staged file.
+fn install_ota(spec: &Spec, input: &OtaInput, root: &Path) -> Result<(), ImageError> {
+    let conf = ota::system_conf(spec.board, &ota::ConfOverrides::default())?;
+    let keyring = std::fs::read(&input.keyring).map_err(ImageError::io(&input.keyring))?;
+    for (path, bytes) in [
+        (ota::SYSTEM_CONF_PATH, conf.as_bytes()),
+        (ota::KEYRING_PATH, keyring.as_slice()),
+    ] {
+        let dest = tree::join(root, path);
+        // One source of truth: a second keyring in the overlay would silently win or lose.
+        if std::fs::symlink_metadata(&dest).is_ok() {
+            return Err(ImageError::OverlayConflict {
+                path: dest,
+                message: format!(
+                    "{path} is generated from the spec's [ota]; remove it from the base and overlay"
+                ),
+            });
+        }
+        tree::write_file(&dest, bytes, 0o644)?;
+    }
+    if let Some(qual) = &input.qual {
+        let dest = tree::join(root, ota::QUAL_PATH);
+        tree::mkdir_p(dest.parent().unwrap_or(root))?;
+        replace_with_copy(qual, &dest, 0o755)?;
+    }
+    Ok(())
 }
 
 /// Copies `src` over whatever is at `dest` (a base's own file, say) with `mode`.

@@ -36,16 +36,32 @@ pub fn check_target(path: &Path, declared: Option<&str>) -> Result<String, Image
         path: path.to_path_buf(),
         message,
     };
-    let mut header = [0u8; 20];
-    let mut file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-    let n = file.read(&mut header).map_err(|e| fail(e.to_string()))?;
-    let arch = arch_of(&header[..n]).map_err(fail)?;
+    let arch = arch_of_file(path).map_err(fail)?;
     match declared {
         Some(target) if target.split('-').next() == Some(arch) => Ok(target.to_string()),
         Some(target) => Err(fail(format!(
             "is an {arch} binary but the spec says daemon.target = {target:?}"
         ))),
         None => Ok(format!("{arch}-unknown-linux-gnu")),
+    }
+}
+
+/// The architecture of the ELF file at `path`.
+pub fn arch_of_file(path: &Path) -> Result<&'static str, String> {
+    let mut header = [0u8; 20];
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let n = file.read(&mut header).map_err(|e| e.to_string())?;
+    arch_of(&header[..n])
+}
+
+/// Checks that the ELF file at `path` runs on `target` (a Rust target triple); the message
+/// says what it is instead.
+pub fn check_arch(path: &Path, target: &str) -> Result<(), String> {
+    let arch = arch_of_file(path)?;
+    if target.split('-').next() == Some(arch) {
+        Ok(())
+    } else {
+        Err(format!("is an {arch} binary but the image is for {target}"))
     }
 }
 

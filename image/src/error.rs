@@ -62,6 +62,34 @@ pub enum ImageError {
         message: String,
     },
 
+    /// The board has no A/B slots to update.
+    #[error("board `{board}` has no [ota] table in its profile: it has no A/B root filesystem slots for RAUC")]
+    NoOta { board: String },
+
+    /// A value that would go into RAUC's system.conf is unusable.
+    #[error("RAUC config: {message}")]
+    OtaConfig { message: String },
+
+    /// The qualification binary is not an ELF executable for the spec's target.
+    #[error("ota.qual {path}: {message}")]
+    QualBinary { path: PathBuf, message: String },
+
+    /// A keyring or certificate file is not a PEM certificate.
+    #[error("{path}: {message}")]
+    Certificate { path: PathBuf, message: String },
+
+    /// The bundle's output file is there already.
+    #[error("{path} exists; remove it or pass --force")]
+    BundleExists { path: PathBuf },
+
+    /// The build output to bundle is incomplete or not what the spec describes.
+    #[error("cannot bundle {path}: {message}")]
+    BundleInput { path: PathBuf, message: String },
+
+    /// `rauc info` refused a bundle: untrusted signer, corrupt file, not a bundle.
+    #[error("bundle {path} does not verify: {message}")]
+    BundleVerify { path: PathBuf, message: String },
+
     #[error("`{tool}` not found on PATH; install the Debian package `{package}`")]
     ToolMissing {
         tool: &'static str,
@@ -100,6 +128,13 @@ impl ImageError {
             Self::OverlayConflict { .. } => "overlay_conflict",
             Self::Template { .. } => "template",
             Self::SysUsers { .. } => "sysusers",
+            Self::NoOta { .. } => "no_ota",
+            Self::OtaConfig { .. } => "ota_config",
+            Self::QualBinary { .. } => "qual_binary",
+            Self::Certificate { .. } => "certificate",
+            Self::BundleExists { .. } => "bundle_exists",
+            Self::BundleInput { .. } => "bundle_input",
+            Self::BundleVerify { .. } => "bundle_verify",
             Self::ToolMissing { .. } => "tool_missing",
             Self::ToolFailed { .. } => "tool_failed",
             Self::Io { .. } => "io",

@@ -13,15 +13,21 @@
 //!   deterministic `rootfs.tar.zst`.
 //! - [`verify`]: image hash, unpacking, per-file comparison, every mismatch reported.
 //! - [`inspect`]: a manifest as a table.
+//! - [`ota`]: RAUC's `system.conf` for a board's A/B slots (from its profile's `[ota]`) and
+//!   where the update files live in the image.
+//! - [`bundle`]: a build output signed into a RAUC bundle with `rauc bundle`, and a bundle
+//!   read back with `rauc info`.
 //! - [`tools`], [`elf`], [`progress`], [`error`]: external programs, the daemon's ELF
 //!   header, progress bars, the one error type.
 //!
 //! The manifest types themselves live in `inferloop-manifest`, shared with the daemon.
 
 pub mod build;
+pub mod bundle;
 pub mod elf;
 pub mod error;
 pub mod inspect;
+pub mod ota;
 pub mod pack;
 pub mod progress;
 pub mod spec;

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use inferloop_image::bundle::{self, BundleFormat, BundleRequest, Trust};
+use inferloop_image::ota::{self, ConfOverrides};
 use inferloop_image::{inspect, BuildOptions, Progress, Spec, Subject};
 use inferloop_manifest::Manifest;
 
@@ -55,10 +57,62 @@ enum Command {
         #[arg(long)]
         board: Option<String>,
     },
-    /// Print a manifest (or the one beside an image) as a table.
+    /// Print a manifest (or the one beside an image), or a RAUC bundle, as a table.
     Inspect {
-        /// A manifest.json, or an image with manifest.json beside it.
+        /// A manifest.json, an image with manifest.json beside it, or a .raucb bundle.
         file: PathBuf,
+        /// Bundles: the CA certificate(s) the signature must chain to.
+        #[arg(long)]
+        keyring: Option<PathBuf>,
+        /// Bundles: read without checking the signature.
+        #[arg(long, conflicts_with = "keyring")]
+        no_verify: bool,
+    },
+    /// Write RAUC's /etc/rauc/system.conf for a board with an [ota] table.
+    RaucConf {
+        /// A compiled-in board profile.
+        #[arg(long)]
+        board: String,
+        /// Replace a slot's device, e.g. rootfs.1=/dev/loop3 (repeatable; for tests).
+        #[arg(long, value_name = "SLOT=DEVICE", value_parser = ota::parse_slot_device)]
+        slot_device: Vec<(String, String)>,
+        /// Keyring path on the box [default: /etc/rauc/keyring.pem].
+        #[arg(long)]
+        keyring: Option<String>,
+        /// RAUC's data directory on the box [default: /data/rauc].
+        #[arg(long)]
+        data_dir: Option<String>,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Sign a built image into a RAUC bundle and verify it with `rauc info`.
+    Bundle {
+        /// The spec the image was built from (checked against its manifest).
+        #[arg(long)]
+        spec: Option<PathBuf>,
+        /// The `build --out` directory: the image and manifest.json.
+        #[arg(long)]
+        image: PathBuf,
+        /// Signing certificate (PEM, extendedKeyUsage codeSigning).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Its private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// CA certificate(s) the signature must verify against (the devices' keyring);
+        /// without it the bundle is checked against --cert only.
+        #[arg(long)]
+        keyring: Option<PathBuf>,
+        /// verity (dm-verity, the default) or plain.
+        #[arg(long, default_value = "verity")]
+        format: BundleFormat,
+        /// The bundle to write (.raucb).
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace an existing --out.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -176,9 +230,94 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(1))
             }
         }
-        Command::Inspect { file } => {
+        Command::Inspect {
+            file,
+            keyring,
+            no_verify,
+        } => {
+            if bundle::is_bundle(&file)? {
+                let trust = match (&keyring, no_verify) {
+                    (Some(k), _) => Trust::Keyring(k),
+                    (None, true) => Trust::NoVerify,
+                    (None, false) => anyhow::bail!(
+                        "{} is a RAUC bundle: pass --keyring CA.pem (the CA its signer chains to) \
+                         to verify it, or --no-verify to read it unchecked",
+                        file.display()
+                    ),
+                };
+                let info = bundle::info(&file, trust)?;
+                print!("{}", bundle::render_info(&file, &info));
+                return Ok(ExitCode::SUCCESS);
+            }
+            if keyring.is_some() || no_verify {
+                anyhow::bail!(
+                    "--keyring and --no-verify apply to RAUC bundles; {} is not one",
+                    file.display()
+                );
+            }
             let loaded = inspect::load(&file)?;
             print!("{}", inspect::render(&loaded));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::RaucConf {
+            board,
+            slot_device,
+            keyring,
+            data_dir,
+            out,
+        } => {
+            let profile = inferloop_board::profile::find(&board)?;
+            let overrides = ConfOverrides {
+                slot_devices: slot_device.into_iter().collect(),
+                keyring,
+                data_dir,
+            };
+            let conf = ota::system_conf(profile, &overrides)?;
+            match out {
+                Some(path) => std::fs::write(&path, conf)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => print!("{conf}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bundle {
+            spec,
+            image,
+            cert,
+            key,
+            keyring,
+            format,
+            out,
+            force,
+        } => {
+            let spec = spec.as_deref().map(Spec::load).transpose()?;
+            let started = std::time::Instant::now();
+            let bundled = bundle::create(
+                &BundleRequest {
+                    image_dir: &image,
+                    spec: spec.as_ref(),
+                    cert: &cert,
+                    key: &key,
+                    keyring: keyring.as_deref(),
+                    format,
+                    out: &out,
+                    force,
+                },
+                &progress,
+            )?;
+            if keyring.is_none() {
+                tracing::warn!("no --keyring: the bundle was checked against --cert only, not against the CA devices trust");
+            }
+            println!("{}  {}", bundled.sha256, bundled.path.display());
+            println!(
+                "bundle: {} bytes, {} {} version {}, signed by {}, {:.1} s",
+                bundled.size,
+                bundled.info.format,
+                bundled.info.compatible,
+                bundled.info.version,
+                bundled.info.signer.as_deref().unwrap_or("?"),
+                started.elapsed().as_secs_f64()
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

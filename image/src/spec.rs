@@ -76,6 +76,19 @@ struct SpecFile {
     model: ModelFile,
     #[serde(default)]
     config: toml::Table,
+    #[serde(default)]
+    ota: Option<OtaFile>,
+}
+
+/// `[ota]`: what a box needs to accept RAUC updates.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OtaFile {
+    /// CA certificate(s) bundles must chain to.
+    keyring: PathBuf,
+    /// An `inferloop-qual` built for the image's target, run before and after updates.
+    #[serde(default)]
+    qual: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,6 +130,17 @@ pub struct Spec {
     pub model: ModelInput,
     /// Daemon settings from `[config]`, reserved keys excluded.
     pub config: toml::Table,
+    /// RAUC updates: present only when the spec has an `[ota]` table.
+    pub ota: Option<OtaInput>,
+}
+
+/// The update files the image carries (RAUC's `system.conf` is rendered from the board).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtaInput {
+    /// Installed as [`crate::ota::KEYRING_PATH`].
+    pub keyring: PathBuf,
+    /// Installed as [`crate::ota::QUAL_PATH`].
+    pub qual: Option<PathBuf>,
 }
 
 /// The base root filesystem the image starts from.
@@ -248,6 +272,10 @@ impl Spec {
 
         let model = check_model(file.model, &resolve)?;
         let config = check_config(file.config)?;
+        let ota = match file.ota {
+            Some(ota) => Some(check_ota(ota, board, &daemon.target, &resolve)?),
+            None => None,
+        };
 
         Ok(Spec {
             origin: origin.to_path_buf(),
@@ -260,6 +288,7 @@ impl Spec {
             daemon,
             model,
             config,
+            ota,
         })
     }
 }
@@ -383,6 +412,36 @@ fn check_model(m: ModelFile, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Model
             "set `file` (baked into the image) or `mount` (on the data partition)",
         )),
     }
+}
+
+fn check_ota(
+    ota: OtaFile,
+    board: &BoardProfile,
+    target: &str,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<OtaInput, ImageError> {
+    // A box whose board has no slots could never install what it is told to trust.
+    if board.ota.is_none() {
+        return Err(ImageError::NoOta {
+            board: board.name.clone(),
+        });
+    }
+    let keyring = resolve(&ota.keyring);
+    metadata("ota.keyring", &keyring)?;
+    crate::ota::check_keyring(&keyring)?;
+    let qual = match ota.qual {
+        Some(qual) => {
+            let qual = resolve(&qual);
+            metadata("ota.qual", &qual)?;
+            elf::check_arch(&qual, target).map_err(|message| ImageError::QualBinary {
+                path: qual.clone(),
+                message,
+            })?;
+            Some(qual)
+        }
+        None => None,
+    };
+    Ok(OtaInput { keyring, qual })
 }
 
 fn check_config(config: toml::Table) -> Result<toml::Table, ImageError> {

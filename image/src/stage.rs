@@ -146,6 +146,16 @@ pub fn template_vars(spec: &Spec) -> BTreeMap<&'static str, String> {
         ("MODEL_PATH", model_path),
         ("STATE_DIR", STATE_DIR.to_string()),
         ("VERSION", spec.version.clone()),
+        // For the overlay's RAUC scripts; OTA_BOOT_TRIES is empty on a board without [ota].
+        ("RAUC_COMPATIBLE", spec.board.rauc_compatible()),
+        (
+            "OTA_BOOT_TRIES",
+            spec.board
+                .ota
+                .as_ref()
+                .map(|o| o.boot_tries.to_string())
+                .unwrap_or_default(),
+        ),
     ])
 }
 

@@ -1,5 +1,6 @@
-//! The external packers (squashfs-tools, erofs-utils): finding them, asking their version
-//! (it goes into the manifest: another version may pack other bytes) and running them.
+//! The external programs (squashfs-tools, erofs-utils, rauc): finding them, asking the
+//! packers' version (it goes into the manifest: another version may pack other bytes) and
+//! running them.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,10 @@ pub const UNSQUASHFS: Tool = Tool {
 pub const MKFS_EROFS: Tool = Tool {
     name: "mkfs.erofs",
     package: "erofs-utils",
+};
+pub const RAUC: Tool = Tool {
+    name: "rauc",
+    package: "rauc",
 };
 pub const FSCK_EROFS: Tool = Tool {
     name: "fsck.erofs",

@@ -193,3 +193,106 @@ fn profile_file_can_be_loaded_by_path() {
     let missing = BoardProfile::from_file(std::path::Path::new("/nonexistent/board.toml"));
     assert!(matches!(missing, Err(BoardError::ReadProfile { .. })));
 }
+
+#[test]
+fn jetson_profiles_update_app_and_app_b_and_generic_ones_have_no_ota() {
+    for p in profile::builtin() {
+        let Some(ota) = &p.ota else {
+            assert!(!p.name.starts_with("jetson-"), "{} lacks [ota]", p.name);
+            continue;
+        };
+        let slots: Vec<(&str, &str, &str)> = ota
+            .slots
+            .iter()
+            .map(|s| (s.name.as_str(), s.device.as_str(), s.bootname.as_str()))
+            .collect();
+        assert_eq!(
+            slots,
+            [
+                ("rootfs.0", "/dev/disk/by-partlabel/APP", "A"),
+                ("rootfs.1", "/dev/disk/by-partlabel/APP_b", "B"),
+            ],
+            "{}",
+            p.name
+        );
+        assert_eq!(ota.boot_tries, 3, "{}", p.name);
+        assert_eq!(p.rauc_compatible(), format!("inferloop-{}", p.name));
+    }
+    assert!(profile::find("x86_64-cpu").expect("exists").ota.is_none());
+}
+
+const OTA_AB: &str = r#"
+[ota]
+boot_tries = 3
+slots = [
+    { name = "rootfs.0", device = "/dev/sda2", bootname = "A" },
+    { name = "rootfs.1", device = "/dev/sda3", bootname = "B" },
+]
+"#;
+
+fn ota_error(ota: &str) -> BoardError {
+    BoardProfile::from_toml_str("inline", &format!("{MINIMAL}{ota}")).expect_err("rejected")
+}
+
+#[test]
+fn ota_table_parses_and_rejects_unknown_keys() {
+    let p = BoardProfile::from_toml_str("inline", &format!("{MINIMAL}{OTA_AB}")).expect("parses");
+    assert_eq!(p.ota.as_ref().map(|o| o.slots.len()), Some(2));
+    let err = ota_error(&OTA_AB.replace("bootname = \"B\"", "bootname = \"B\", size = 1"));
+    assert!(
+        matches!(err, BoardError::ProfileParse { ref message, .. } if message.contains("size")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn ota_with_one_slot_or_zero_boot_tries_is_an_invalid_profile() {
+    let one = OTA_AB.replace(
+        "    { name = \"rootfs.1\", device = \"/dev/sda3\", bootname = \"B\" },\n",
+        "",
+    );
+    for (ota, field) in [
+        (one, "ota.slots"),
+        (
+            OTA_AB.replace("boot_tries = 3", "boot_tries = 0"),
+            "ota.boot_tries",
+        ),
+        (
+            OTA_AB.replace("boot_tries = 3", "boot_tries = 8"),
+            "ota.boot_tries",
+        ),
+    ] {
+        let err = ota_error(&ota);
+        assert!(
+            matches!(err, BoardError::InvalidProfile { field: ref f, .. } if f == field),
+            "{ota}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn ota_slots_must_be_rootfs_n_with_distinct_absolute_devices_and_bootnames() {
+    for (ota, needle) in [
+        (OTA_AB.replace("rootfs.1", "data.1"), "rootfs.<index>"),
+        (OTA_AB.replace("rootfs.1", "rootfs.0"), "name \"rootfs.0\""),
+        (OTA_AB.replace("/dev/sda3", "/dev/sda2"), "device"),
+        (OTA_AB.replace("/dev/sda3", "sda3"), "absolute path"),
+        (OTA_AB.replace("/dev/sda3", "/dev/sda 3"), "absolute path"),
+        (
+            OTA_AB.replace("bootname = \"B\"", "bootname = \"A\""),
+            "bootname \"A\"",
+        ),
+        (
+            OTA_AB.replace("bootname = \"B\"", "bootname = \"\""),
+            "bootname",
+        ),
+    ] {
+        match ota_error(&ota) {
+            BoardError::InvalidProfile { field, message, .. } => {
+                assert_eq!(field, "ota.slots");
+                assert!(message.contains(needle), "{needle:?} not in {message}");
+            }
+            other => panic!("expected InvalidProfile, got {other:?}"),
+        }
+    }
+}
