@@ -2,13 +2,20 @@
 //! reaches the scheduler, and every message names the field at fault.
 
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
+use crate::engine::logprobs::MAX_TOP_LOGPROBS;
 use crate::engine::model::ChatTurn;
 use crate::engine::SamplingParams;
 use crate::http::wire::{
     ChatCompletionRequest, CompletionRequest, MessageContent, PromptField, StopField,
     StreamOptions, WireSampling,
 };
+
+/// The legacy completions endpoint's `logprobs` limit, as OpenAI sets it.
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
+/// `logit_bias` values are clamped to this range by OpenAI's definition.
+const MAX_BIAS: f64 = 100.0;
 
 /// Most stop sequences per request, and their longest length in bytes.
 const MAX_STOPS: usize = 16;
@@ -125,7 +132,19 @@ fn strip_position(e: &serde_json::Error) -> String {
 
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
-    let sampling = sampling(&req.sampling())?;
+    unsupported_chat(&req)?;
+    let mut sampling = sampling(&req.sampling())?;
+    sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
+    sampling.logprobs = match (req.logprobs, req.top_logprobs) {
+        (Some(true), n) => Some(top_logprobs(n.unwrap_or(0))?),
+        (_, Some(_)) => {
+            return Err(InvalidRequest::field(
+                "top_logprobs",
+                "requires `logprobs` to be true",
+            ))
+        }
+        (_, None) => None,
+    };
     if req.messages.is_empty() {
         return Err(InvalidRequest::field(
             "messages",
@@ -211,7 +230,27 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
 
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
-    let sampling = sampling(&req.sampling())?;
+    unsupported_completion(&req)?;
+    let mut sampling = sampling(&req.sampling())?;
+    sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
+    sampling.logprobs = match req.logprobs {
+        None => None,
+        Some(n) if n > MAX_COMPLETION_LOGPROBS => {
+            return Err(InvalidRequest::field(
+                "logprobs",
+                format!("must be between 0 and {MAX_COMPLETION_LOGPROBS}"),
+            ))
+        }
+        // Prompt tokens would need logits at every prompt position, which are not kept.
+        Some(_) if req.echo == Some(true) => {
+            return Err(InvalidRequest::field(
+                "logprobs",
+                "is not supported together with `echo`: prompt tokens have no \
+                 log-probabilities on this server",
+            ))
+        }
+        Some(n) => Some(n as u8),
+    };
     let prompt = match req.prompt {
         PromptField::One(p) => p,
         PromptField::Many(mut v) if v.len() == 1 => v.remove(0),
@@ -245,6 +284,169 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         echo: req.echo.unwrap_or(false),
         parse_special: req.parse_special.unwrap_or(false),
     })
+}
+
+/// A field OpenAI defines and this server does not implement.
+fn unsupported(param: &str, what: &str) -> InvalidRequest {
+    InvalidRequest::field(param, format!("is not supported by this server ({what})"))
+}
+
+/// Fields OpenAI defines for chat that would change the answer and that this server does
+/// not implement: each is refused by name unless its value asks for nothing. `user`,
+/// `metadata`, `safety_identifier` and `prompt_cache_key` only label a request, so they
+/// are ignored, as unknown fields are. `tools`, `tool_choice`, `parallel_tool_calls` and
+/// `response_format` are not decided here.
+fn unsupported_chat(req: &ChatCompletionRequest) -> Result<(), InvalidRequest> {
+    let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    if given(&req.audio) {
+        return Err(unsupported("audio", "audio output"));
+    }
+    if let Some(m) = req.modalities.as_ref().filter(|m| !m.is_null()) {
+        let text_only = m
+            .as_array()
+            .is_some_and(|a| a.iter().all(|x| x.as_str() == Some("text")));
+        if !text_only {
+            return Err(unsupported("modalities", "only [\"text\"] is"));
+        }
+    }
+    if given(&req.prediction) {
+        return Err(unsupported("prediction", "predicted outputs"));
+    }
+    if given(&req.web_search_options) {
+        return Err(unsupported("web_search_options", "web search"));
+    }
+    if let Some(t) = req.service_tier.as_ref().filter(|t| !t.is_null()) {
+        if !matches!(t.as_str(), Some("auto" | "default")) {
+            return Err(unsupported("service_tier", "only `auto` and `default` are"));
+        }
+    }
+    if let Some(s) = req.store.as_ref().filter(|s| !s.is_null()) {
+        if s.as_bool() != Some(false) {
+            return Err(unsupported("store", "completions are never stored"));
+        }
+    }
+    if given(&req.reasoning_effort) {
+        return Err(unsupported("reasoning_effort", "not a reasoning model"));
+    }
+    if given(&req.verbosity) {
+        return Err(unsupported("verbosity", "output verbosity"));
+    }
+    if given(&req.functions) {
+        return Err(unsupported("functions", "function calling"));
+    }
+    if given(&req.function_call) {
+        return Err(unsupported("function_call", "function calling"));
+    }
+    Ok(())
+}
+
+/// Fields OpenAI defines for legacy completions that this server does not implement.
+fn unsupported_completion(req: &CompletionRequest) -> Result<(), InvalidRequest> {
+    match req.best_of {
+        None | Some(1) => {}
+        Some(0) => return Err(InvalidRequest::field("best_of", "must be at least 1")),
+        Some(_) => {
+            return Err(unsupported(
+                "best_of",
+                "only 1; send separate requests and compare",
+            ))
+        }
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported("suffix", "text insertion"));
+    }
+    Ok(())
+}
+
+fn top_logprobs(n: u32) -> Result<u8, InvalidRequest> {
+    u8::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_TOP_LOGPROBS)
+        .ok_or_else(|| {
+            InvalidRequest::field(
+                "top_logprobs",
+                format!("must be between 0 and {MAX_TOP_LOGPROBS}"),
+            )
+        })
+}
+
+/// `{"token id": bias}` → `(id, bias)` sorted by id. Ids are checked against the
+/// vocabulary later ([`check_vocab`]), once the model is known.
+fn logit_bias(map: Option<&Map<String, Value>>) -> Result<Vec<(i32, f32)>, InvalidRequest> {
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let id = key
+            .parse::<i64>()
+            .ok()
+            .filter(|id| *id >= 0)
+            .and_then(|id| i32::try_from(id).ok())
+            .ok_or_else(|| {
+                InvalidRequest::field(
+                    "logit_bias",
+                    format!("key `{key}` is not a token id (a non-negative integer)"),
+                )
+            })?;
+        let bias = value
+            .as_f64()
+            .filter(|b| (-MAX_BIAS..=MAX_BIAS).contains(b))
+            .ok_or_else(|| {
+                InvalidRequest::field(
+                    "logit_bias",
+                    format!(
+                        "value for key `{key}` must be a number between -{MAX_BIAS} and \
+                         {MAX_BIAS} (got {value})"
+                    ),
+                )
+            })?;
+        out.push((id, bias as f32));
+    }
+    out.sort_by_key(|b| b.0);
+    // "01" and "1" name the same token: one bias per token, or the sum would exceed 100.
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(InvalidRequest::field(
+            "logit_bias",
+            format!("token id {} appears more than once", w[0].0),
+        ));
+    }
+    Ok(out)
+}
+
+/// Every `logit_bias` id must be a token of the model's vocabulary.
+pub fn check_vocab(sampling: &SamplingParams, n_vocab: i32) -> Result<(), InvalidRequest> {
+    match sampling.logit_bias.iter().find(|b| b.0 >= n_vocab) {
+        Some((id, _)) => Err(InvalidRequest::field(
+            "logit_bias",
+            format!(
+                "key `{id}` is not a token id of this model (its vocabulary has {n_vocab} tokens)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `/detokenize` ids: each must be a token of the vocabulary.
+pub fn token_ids(tokens: &[i64], n_vocab: i32) -> Result<Vec<i32>, InvalidRequest> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            i32::try_from(t)
+                .ok()
+                .filter(|t| (0..n_vocab).contains(t))
+                .ok_or_else(|| {
+                    InvalidRequest::field(
+                        &format!("tokens[{i}]"),
+                        format!(
+                            "is not a token id of this model (0 to {}, got {t})",
+                            n_vocab - 1
+                        ),
+                    )
+                })
+        })
+        .collect()
 }
 
 fn check_n(n: Option<u32>) -> Result<(), InvalidRequest> {
@@ -347,6 +549,7 @@ fn sampling(w: &WireSampling) -> Result<SamplingParams, InvalidRequest> {
         presence_penalty,
         frequency_penalty,
         seed,
+        ..SamplingParams::default()
     })
 }
 

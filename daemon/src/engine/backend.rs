@@ -6,6 +6,7 @@
 //! clock, and owns nothing but its sequences' KV cells and samplers. llama.cpp on the CPU
 //! ([`super::llama`]) is one backend; the native CUDA backend is the next.
 
+use super::logprobs::TokenLogprobs;
 use super::SamplingParams;
 
 /// A backend sequence id. The scheduler uses its slot index, so ids are `0..slots` and an id
@@ -85,11 +86,24 @@ impl StepPlan<'_> {
 }
 
 /// The result of one work: the sampled token when the work [`samples`](Work::samples),
-/// `None` for a prompt chunk that does not end its prompt, or why it failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `None` for a prompt chunk that does not end its prompt, or why it failed; with the
+/// sampled token's log-probabilities when the sequence was opened with
+/// [`SamplingParams::logprobs`].
+#[derive(Debug, Clone, PartialEq)]
 pub struct SeqOutcome {
     pub seq: SeqId,
     pub result: Result<Option<i32>, BackendError>,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+impl SeqOutcome {
+    pub fn new(seq: SeqId, result: Result<Option<i32>, BackendError>) -> Self {
+        Self {
+            seq,
+            result,
+            logprobs: None,
+        }
+    }
 }
 
 /// What the scheduler needs of the tokenizer to turn sampled tokens into text.
@@ -98,6 +112,11 @@ pub trait Vocab {
     fn is_end(&self, token: i32) -> bool;
     /// The bytes a token stands for (maybe part of a UTF-8 character).
     fn piece(&self, token: i32) -> Vec<u8>;
+    /// A token as `logprobs` shows it: like [`piece`](Vocab::piece), but control tokens
+    /// (`<|im_end|>`) are spelled out rather than empty.
+    fn token_text(&self, token: i32) -> Vec<u8> {
+        self.piece(token)
+    }
 }
 
 /// What the scheduler computes with.

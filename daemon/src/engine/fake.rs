@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::logprobs::TokenLogprobs;
 use super::SamplingParams;
 
 /// The token the fake vocabulary reads as end of generation.
@@ -49,6 +50,8 @@ pub struct Log {
 pub struct Fake {
     pub control: Arc<Mutex<Control>>,
     generated: Vec<u32>,
+    /// Per sequence, the `logprobs` it was opened with.
+    logprobs: Vec<Option<u8>>,
 }
 
 impl Fake {
@@ -56,6 +59,7 @@ impl Fake {
         let fake = Self {
             control: Arc::default(),
             generated: vec![0; slots],
+            logprobs: vec![None; slots],
         };
         fake.with(|c| c.step_time = step_time);
         fake
@@ -76,7 +80,7 @@ impl Backend for Fake {
         "fake"
     }
 
-    fn open(&mut self, seq: SeqId, _sampling: &SamplingParams) -> Result<(), BackendError> {
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
         self.with(|c| {
             if c.fail_open {
                 return Err(BackendError::Sequence("injected open failure".into()));
@@ -85,6 +89,7 @@ impl Backend for Fake {
             Ok(())
         })?;
         self.generated[seq] = 0;
+        self.logprobs[seq] = sampling.logprobs;
         Ok(())
     }
 
@@ -125,7 +130,21 @@ impl Backend for Fake {
                     };
                     Ok(Some(if ended { END } else { 10 + pos % 50 }))
                 };
-                SeqOutcome { seq, result }
+                // Asked for: the sampled token at -0.5, then the next ids at -1, -2, …
+                let logprobs = match (&result, self.logprobs[seq]) {
+                    (Ok(Some(t)), Some(n)) => Some(TokenLogprobs {
+                        logprob: -0.5,
+                        top: (0..i32::from(n))
+                            .map(|i| (t + i, -(i as f32) - 0.5))
+                            .collect(),
+                    }),
+                    _ => None,
+                };
+                SeqOutcome {
+                    seq,
+                    result,
+                    logprobs,
+                }
             })
             .collect()
     }

@@ -7,9 +7,11 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::{BatchAddError, LlamaBatch};
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
 use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::plan::EnginePlan;
 use super::{EngineError, LoadedModel, SamplingParams};
 
@@ -17,8 +19,38 @@ pub struct LlamaCpp<'m> {
     model: &'m LoadedModel,
     ctx: LlamaContext<'m>,
     batch: LlamaBatch<'static>,
-    samplers: Vec<Option<LlamaSampler>>,
+    samplers: Vec<Option<SeqSampler>>,
     shared_kv: bool,
+    /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
+    row: Vec<f32>,
+}
+
+/// A sequence's sampler chain, and what its `logprobs` need: the chain biases the
+/// candidates it samples from, not the context's logits, so the bias is applied again to
+/// the row the log-probabilities are computed from.
+struct SeqSampler {
+    chain: LlamaSampler,
+    logprobs: Option<u8>,
+    bias: Vec<(i32, f32)>,
+}
+
+impl SeqSampler {
+    /// The next token, and its log-probabilities when asked for.
+    fn sample(
+        &mut self,
+        ctx: &LlamaContext<'_>,
+        idx: i32,
+        row: &mut Vec<f32>,
+    ) -> (i32, Option<TokenLogprobs>) {
+        let token = self.chain.sample(ctx, idx).0;
+        let logprobs = self.logprobs.map(|n| {
+            row.clear();
+            row.extend_from_slice(ctx.get_logits_ith(idx));
+            apply_bias(row, &self.bias);
+            Distribution::of(row, usize::from(n)).report(row, token)
+        });
+        (token, logprobs)
+    }
 }
 
 impl<'m> LlamaCpp<'m> {
@@ -43,6 +75,7 @@ impl<'m> LlamaCpp<'m> {
             batch: LlamaBatch::new(plan.n_batch as usize, 1),
             samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
+            row: Vec::new(),
         })
     }
 
@@ -85,7 +118,11 @@ impl Backend for LlamaCpp<'_> {
             .samplers
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
-        *slot = Some(build_sampler(sampling, self.model.info().n_vocab));
+        *slot = Some(SeqSampler {
+            chain: build_sampler(sampling, self.model.info().n_vocab),
+            logprobs: sampling.logprobs,
+            bias: sampling.logit_bias.clone(),
+        });
         Ok(())
     }
 
@@ -97,10 +134,7 @@ impl Backend for LlamaCpp<'_> {
             );
             plan.work
                 .iter()
-                .map(|w| SeqOutcome {
-                    seq: w.seq(),
-                    result: Err(BackendError::Step(reason.clone())),
-                })
+                .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
                 .collect()
         };
         let logits = match self.fill(plan) {
@@ -115,14 +149,23 @@ impl Backend for LlamaCpp<'_> {
             .zip(logits)
             .map(|(work, at)| {
                 let seq = work.seq();
-                let result = match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
-                    (None, _) => Ok(None),
-                    (Some(idx), Some(sampler)) => Ok(Some(sampler.sample(&self.ctx, idx).0)),
-                    (Some(_), None) => Err(BackendError::Sequence(format!(
-                        "sequence {seq} was not opened"
-                    ))),
-                };
-                SeqOutcome { seq, result }
+                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
+                    (None, _) => SeqOutcome::new(seq, Ok(None)),
+                    (Some(idx), Some(sampler)) => {
+                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
+                        SeqOutcome {
+                            seq,
+                            result: Ok(Some(token)),
+                            logprobs,
+                        }
+                    }
+                    (Some(_), None) => SeqOutcome::new(
+                        seq,
+                        Err(BackendError::Sequence(format!(
+                            "sequence {seq} was not opened"
+                        ))),
+                    ),
+                }
             })
             .collect()
     }
@@ -176,10 +219,22 @@ impl Vocab for LoadedModel {
             .vocab()
             .token_to_piece(LlamaToken(token), false, None)
     }
+
+    fn token_text(&self, token: i32) -> Vec<u8> {
+        self.token_bytes(token)
+    }
 }
 
 fn build_sampler(p: &SamplingParams, n_vocab: i32) -> LlamaSampler {
     let mut chain = Vec::new();
+    if !p.logit_bias.is_empty() {
+        let bias: Vec<LlamaLogitBias> = p
+            .logit_bias
+            .iter()
+            .map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b))
+            .collect();
+        chain.push(LlamaSampler::logit_bias(n_vocab, &bias));
+    }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
         chain.push(LlamaSampler::penalties(
             n_vocab,

@@ -10,6 +10,7 @@ pub mod backend;
 #[cfg(test)]
 mod fake;
 mod llama;
+pub mod logprobs;
 pub mod model;
 pub mod native;
 pub mod plan;
@@ -83,6 +84,11 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u32,
+    /// `(token, bias)` added to the logits before anything else in the chain.
+    pub logit_bias: Vec<(i32, f32)>,
+    /// `Some(n)`: report each sampled token's log-probability and the `n` most likely
+    /// tokens at its position. `None` costs nothing.
+    pub logprobs: Option<u8>,
 }
 
 impl Default for SamplingParams {
@@ -96,6 +102,8 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -157,13 +165,27 @@ pub enum Event {
     Admitted {
         queue_ms: f64,
     },
-    Text(String),
+    /// Text that can go out now, with the log-probabilities of the tokens it begins (empty
+    /// unless the request asked for them).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,
         timings: Timings,
     },
     Failed(EngineError),
+}
+
+/// One generated token for `logprobs`: its bytes (specials rendered), its log-probability
+/// and the most likely alternatives at its position (see [`logprobs`] for which logits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
 }
 
 /// Live counters the status route reads.

@@ -188,6 +188,24 @@ impl LoadedModel {
             .collect()
     }
 
+    /// llama.cpp's tokenization of `text` as `/tokenize` asks for it.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<i32> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), add_special, parse_special)
+            .into_iter()
+            .map(|t| t.0)
+            .collect()
+    }
+
+    /// A token's bytes with control tokens spelled out (`<|im_end|>`), as `/detokenize`
+    /// and `logprobs` show them. The id must be in the vocabulary.
+    pub fn token_bytes(&self, token: i32) -> Vec<u8> {
+        self.model
+            .vocab()
+            .token_to_piece(llama_cpp_2::token::LlamaToken(token), true, None)
+    }
+
     /// Whether a token is a control token (a template marker such as `<|im_start|>`).
     pub fn is_control(&self, token: i32) -> bool {
         self.model

@@ -236,7 +236,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             let Some(seq) = self.seqs[slot].as_mut() else {
                 continue;
             };
-            let result = outcomes.get(i).filter(|o| o.seq == slot).map(|o| &o.result);
+            let outcome = outcomes.get(i).filter(|o| o.seq == slot);
+            let result = outcome.map(|o| &o.result);
+            let logprobs = outcome.and_then(|o| o.logprobs.as_ref());
             if let Some(Ok(_)) = result {
                 match seq.phase {
                     Phase::Decoding { next } => self.prefix.fed(slot, &[next], false),
@@ -249,7 +251,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             seq.fed(n);
             match result {
                 Some(Ok(None)) => {}
-                Some(Ok(Some(token))) => seq.sampled(*token, self.vocab, &self.metrics, now),
+                Some(Ok(Some(token))) => {
+                    seq.sampled(*token, logprobs, self.vocab, &self.metrics, now)
+                }
                 Some(Err(e)) => {
                     tracing::error!(slot, error = %e, "backend failed a sequence");
                     seq.end(End::Failed(EngineError::Decode(e.to_string())));

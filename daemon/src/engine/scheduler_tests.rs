@@ -91,7 +91,7 @@ async fn last(rx: &mut UnboundedReceiver<Event>) -> (String, Event) {
     let mut text = String::new();
     loop {
         match next(rx).await {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text { text: t, .. } => text.push_str(&t),
             Event::Admitted { .. } => {}
             end => return (text, end),
         }
@@ -109,6 +109,57 @@ async fn until(engine: &Handle, what: &str, f: impl Fn(&super::Load) -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Reads events up to the last one; returns each text event's text and its tokens.
+async fn chunks(rx: &mut UnboundedReceiver<Event>) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    loop {
+        match next(rx).await {
+            Event::Text { text, logprobs } => out.push((
+                text,
+                logprobs
+                    .iter()
+                    .map(|t| String::from_utf8_lossy(&t.token).into_owned())
+                    .collect(),
+            )),
+            Event::Admitted { .. } => {}
+            Event::Finished { .. } => return out,
+            other => panic!("expected text or the end, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn logprobs_travel_with_their_text_and_never_with_a_stop_sequence() {
+    let r = rig(plan(1, 1));
+    let mut req = request(3, 4);
+    req.sampling.logprobs = Some(2);
+    let mut rx = r.engine.submit(req).await.expect("accepted");
+    let got = chunks(&mut rx).await;
+    let tokens: Vec<&str> = got
+        .iter()
+        .flat_map(|c| c.1.iter().map(String::as_str))
+        .collect();
+    assert_eq!(tokens, ["13 ", "14 ", "15 ", "16 "]);
+    assert!(got.iter().all(|(text, lp)| lp.concat() == *text), "{got:?}");
+    // "15 " is held back as a possible stop ("15 9"), then released with its token; the stop
+    // "16" is cut, and so is its token's entry.
+    let mut req = request(3, 10);
+    req.sampling.logprobs = Some(0);
+    req.stop = vec!["15 9".into(), "16".into()];
+    let mut rx = r.engine.submit(req).await.expect("accepted");
+    let got = chunks(&mut rx).await;
+    let text: String = got.iter().map(|c| c.0.as_str()).collect();
+    let tokens: Vec<&str> = got
+        .iter()
+        .flat_map(|c| c.1.iter().map(String::as_str))
+        .collect();
+    assert_eq!(text, "13 14 15 ");
+    assert_eq!(tokens, ["13 ", "14 ", "15 "]);
+    // Not asked for: no entries at all.
+    let mut rx = r.engine.submit(request(3, 2)).await.expect("accepted");
+    assert!(chunks(&mut rx).await.iter().all(|c| c.1.is_empty()));
 }
 
 #[tokio::test]
@@ -212,7 +263,7 @@ async fn a_client_that_leaves_frees_its_slot_within_one_step_every_time() {
     let r = rig(plan(1, 1));
     for trial in 0..100 {
         let mut rx = r.engine.submit(request(2, LONG)).await.expect("slot");
-        while !matches!(next(&mut rx).await, Event::Text(_)) {}
+        while !matches!(next(&mut rx).await, Event::Text { .. }) {}
         let left_at = r.fake.log().steps;
         drop(rx);
         let t0 = Instant::now();
@@ -356,7 +407,7 @@ async fn a_backend_error_fails_only_its_own_request() {
     }
     // A step that fails as a whole fails what was in it, and nothing after it.
     let mut in_step = r.engine.submit(request(2, LONG)).await.expect("slot");
-    while !matches!(next(&mut in_step).await, Event::Text(_)) {}
+    while !matches!(next(&mut in_step).await, Event::Text { .. }) {}
     r.fake.with(|c| c.fail_step = true);
     assert!(matches!(
         last(&mut in_step).await.1.failed(),
@@ -388,7 +439,7 @@ async fn a_failed_open_fails_the_request_and_frees_the_slot() {
 async fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
     let r = rig(plan(2, 2));
     let mut stream = r.engine.submit(request(2, 40)).await.expect("slot");
-    while !matches!(next(&mut stream).await, Event::Text(_)) {}
+    while !matches!(next(&mut stream).await, Event::Text { .. }) {}
     let mut long = r.engine.submit(request(1500, 2)).await.expect("slot");
     assert!(matches!(last(&mut long).await.1, Event::Finished { .. }));
     let log = r.fake.log();
@@ -419,7 +470,7 @@ async fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
     );
     // Same prompt again: the idle slot that holds it takes it, all but the last tile reused.
     let mut again = r.engine.submit(request(300, LONG)).await.expect("slot");
-    while !matches!(next(&mut again).await, Event::Text(_)) {}
+    while !matches!(next(&mut again).await, Event::Text { .. }) {}
     // While that one runs, a third copies the prefix from its slot into the other.
     let mut third = r.engine.submit(request(300, 2)).await.expect("slot");
     match last(&mut third).await.1 {

@@ -15,7 +15,10 @@ use rand::distributions::{Alphanumeric, DistString};
 
 use super::error::ApiError;
 use super::sse::{self, Framer, Shape};
-use super::wire::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice};
+use super::wire::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionChoice,
+    CompletionLogprobs,
+};
 use super::AppState;
 use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, GenerationRequest};
@@ -49,7 +52,11 @@ pub async fn completion(State(state): State<AppState>, headers: HeaderMap, body:
 }
 
 /// Reads the whole body within the size limit and the read timeout.
-async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -92,6 +99,8 @@ async fn start(
             return Err(ApiError::model_not_found(m));
         }
     }
+    validate::check_vocab(&req.sampling, engine.model().info().n_vocab)?;
+    let logprobs = req.sampling.logprobs.is_some();
     let ctx = engine.plan().ctx;
     let (prompt_text, tokens) =
         tokenize(&engine, req.input.clone(), req.parse_special, shape).await?;
@@ -140,6 +149,7 @@ async fn start(
                 created,
                 model: model_id,
                 include_usage: req.include_usage,
+                text_offset: 0,
             },
             echo,
         )
@@ -149,7 +159,7 @@ async fn start(
             tokio::select! {
                 biased;
                 _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
-                r = collect(events, shape, id, object, created, model_id, echo) => r,
+                r = collect(events, shape, id, object, created, model_id, echo, logprobs) => r,
             }
         };
         // A client that closed its sending side may be half-closed or gone: the answer then
@@ -250,6 +260,7 @@ async fn wait_cancelled(mut cancel: tokio::sync::watch::Receiver<bool>) {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn collect(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     shape: Shape,
@@ -258,12 +269,17 @@ async fn collect(
     created: u64,
     model: String,
     echo: Option<String>,
+    logprobs: bool,
 ) -> Result<Response, ApiError> {
     let mut text = echo.unwrap_or_default();
+    let mut tokens = Vec::new();
     loop {
         match events.recv().await {
             Some(Event::Admitted { .. }) => {}
-            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Text { text: t, logprobs }) => {
+                text.push_str(&t);
+                tokens.extend(logprobs);
+            }
             Some(Event::Finished {
                 reason,
                 usage,
@@ -282,7 +298,7 @@ async fn collect(
                                 role: "assistant",
                                 content: text,
                             },
-                            logprobs: None,
+                            logprobs: logprobs.then(|| ChatLogprobs::of(&tokens)),
                             finish_reason: reason,
                         }],
                         usage,
@@ -298,7 +314,11 @@ async fn collect(
                         choices: vec![CompletionChoice {
                             index: 0,
                             text,
-                            logprobs: None,
+                            logprobs: logprobs.then(|| {
+                                let mut l = CompletionLogprobs::default();
+                                l.extend(&tokens, &mut 0);
+                                l
+                            }),
                             finish_reason: Some(reason),
                         }],
                         usage,

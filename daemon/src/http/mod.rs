@@ -6,6 +6,7 @@ pub mod error;
 mod generate;
 mod routes;
 mod sse;
+mod tokens;
 pub mod wire;
 
 use std::future::Future;
@@ -62,6 +63,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/status", get(routes::status))
         .route("/v1/thermal", get(routes::thermal))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -101,14 +104,15 @@ async fn method_not_allowed(State(state): State<AppState>, req: Request) -> ApiE
 /// that did).
 fn v1_auth(state: &AppState, req: &Request) -> Result<(), ApiError> {
     let path = req.uri().path();
-    if path == "/v1" || path.starts_with("/v1/") {
+    if path == "/v1" || path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize") {
         check_api_key(state, req.headers())
     } else {
         Ok(())
     }
 }
 
-/// `Authorization: Bearer KEY` on /v1 routes when a key is configured.
+/// `Authorization: Bearer KEY` on /v1 routes (and /tokenize, /detokenize) when a key is
+/// configured.
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match check_api_key(&state, req.headers()) {
         Ok(()) => next.run(req).await,

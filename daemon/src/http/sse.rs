@@ -14,8 +14,11 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
 use super::error::ApiError;
-use super::wire::{ChatChunk, ChunkChoice, CompletionChunk, CompletionChunkChoice, Delta};
-use crate::engine::{EngineError, Event, FinishReason, Timings, Usage};
+use super::wire::{
+    ChatChunk, ChatLogprobs, ChunkChoice, CompletionChunk, CompletionChunkChoice,
+    CompletionLogprobs, Delta,
+};
+use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
 /// through a long queue wait or prefill.
@@ -44,6 +47,8 @@ pub struct Framer {
     pub created: u64,
     pub model: String,
     pub include_usage: bool,
+    /// Completions `logprobs`: the character offset of the next token in the text.
+    pub text_offset: usize,
 }
 
 impl Framer {
@@ -62,21 +67,33 @@ impl Framer {
                 None,
                 None,
             )),
-            Shape::Completion => echo.map(|text| self.text(text)),
+            Shape::Completion => echo.map(|text| self.completion_chunk(text, None, None)),
         }
     }
 
-    pub fn text(&self, text: &str) -> Bytes {
+    /// A text chunk, with the log-probabilities of the tokens it begins when there are any.
+    pub fn text(&mut self, text: &str, logprobs: &[TokenLogprob]) -> Bytes {
         match self.shape {
-            Shape::Chat => self.chat_chunk(
-                Delta {
-                    role: None,
-                    content: Some(text),
-                },
-                None,
-                None,
-            ),
-            Shape::Completion => self.completion_chunk(text, None, None),
+            Shape::Chat => {
+                let logprobs = (!logprobs.is_empty()).then(|| ChatLogprobs::of(logprobs));
+                self.chat_chunk_with(
+                    Delta {
+                        role: None,
+                        content: Some(text),
+                    },
+                    logprobs,
+                    None,
+                    None,
+                )
+            }
+            Shape::Completion => {
+                let logprobs = (!logprobs.is_empty()).then(|| {
+                    let mut l = CompletionLogprobs::default();
+                    l.extend(logprobs, &mut self.text_offset);
+                    l
+                });
+                self.completion_chunk_with(text, logprobs, None, None)
+            }
         }
     }
 
@@ -123,6 +140,16 @@ impl Framer {
         finish_reason: Option<FinishReason>,
         timings: Option<Timings>,
     ) -> Bytes {
+        self.chat_chunk_with(delta, None, finish_reason, timings)
+    }
+
+    fn chat_chunk_with(
+        &self,
+        delta: Delta<'_>,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<FinishReason>,
+        timings: Option<Timings>,
+    ) -> Bytes {
         frame(&ChatChunk {
             id: &self.id,
             object: "chat.completion.chunk",
@@ -132,7 +159,7 @@ impl Framer {
             choices: vec![ChunkChoice {
                 index: 0,
                 delta,
-                logprobs: None,
+                logprobs,
                 finish_reason,
             }],
             usage: self.usage_field(None),
@@ -146,6 +173,16 @@ impl Framer {
         finish_reason: Option<FinishReason>,
         timings: Option<Timings>,
     ) -> Bytes {
+        self.completion_chunk_with(text, None, finish_reason, timings)
+    }
+
+    fn completion_chunk_with(
+        &self,
+        text: &str,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<FinishReason>,
+        timings: Option<Timings>,
+    ) -> Bytes {
         frame(&CompletionChunk {
             id: &self.id,
             object: "text_completion",
@@ -155,7 +192,7 @@ impl Framer {
             choices: vec![CompletionChunkChoice {
                 index: 0,
                 text,
-                logprobs: None,
+                logprobs,
                 finish_reason,
             }],
             usage: self.usage_field(None),
@@ -192,7 +229,7 @@ pub fn events_to_body(
     keepalive: Duration,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let rest = stream::unfold(Some((events, framer, cancel)), move |state| async move {
-        let (mut events, framer, mut cancel) = state?;
+        let (mut events, mut framer, mut cancel) = state?;
         let shutting_down = || {
             let e: ApiError = EngineError::ShuttingDown.into();
             error_frame(&e)
@@ -206,7 +243,7 @@ pub fn events_to_body(
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
                 Ok(Some(Event::Admitted { .. })) => continue,
-                Ok(Some(Event::Text(t))) => framer.text(&t),
+                Ok(Some(Event::Text { text, logprobs })) => framer.text(&text, &logprobs),
                 Ok(Some(Event::Finished {
                     reason,
                     usage,
@@ -245,6 +282,7 @@ mod tests {
             created: 1,
             model: "m".into(),
             include_usage,
+            text_offset: 0,
         }
     }
 
@@ -268,8 +306,8 @@ mod tests {
 
     #[test]
     fn usage_is_null_on_chunks_until_the_last_when_requested() {
-        let f = framer(true);
-        let v = json_of(&f.text("hi"));
+        let mut f = framer(true);
+        let v = json_of(&f.text("hi", &[]));
         assert!(v["usage"].is_null() && v.as_object().is_some_and(|o| o.contains_key("usage")));
         let closing = f.closing(FinishReason::Stop, Usage::default(), Timings::default());
         let text = std::str::from_utf8(&closing).expect("utf8");

@@ -1,9 +1,13 @@
 //! OpenAI wire types: what clients send and what we answer. Unknown request fields are
-//! ignored, as OpenAI does; wrong types are caught by serde and named by path.
+//! ignored, as OpenAI does; wrong types are caught by serde and named by path. Fields OpenAI
+//! defines that this server does not implement are read loosely (`Value`) so that
+//! validation can refuse them by name instead of dropping them.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::{Map, Value};
 
-use crate::engine::{FinishReason, Timings, Usage};
+use crate::engine::{FinishReason, Timings, TokenLogprob, Usage};
 
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -22,6 +26,20 @@ pub struct ChatCompletionRequest {
     pub n: Option<u32>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    // OpenAI fields refused unless they ask for nothing (see `validate::unsupported_chat`).
+    pub audio: Option<Value>,
+    pub modalities: Option<Value>,
+    pub prediction: Option<Value>,
+    pub web_search_options: Option<Value>,
+    pub service_tier: Option<Value>,
+    pub store: Option<Value>,
+    pub reasoning_effort: Option<Value>,
+    pub verbosity: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,6 +62,11 @@ pub struct CompletionRequest {
     pub parse_special: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub logprobs: Option<u32>,
+    // OpenAI fields refused unless they ask for nothing.
+    pub best_of: Option<u32>,
+    pub suffix: Option<String>,
 }
 
 /// Sampling fields shared by both generation routes. They are repeated in each request
@@ -143,7 +166,7 @@ pub struct ChatCompletion {
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: FinishReason,
 }
 
@@ -172,7 +195,7 @@ pub struct ChatChunk<'a> {
 pub struct ChunkChoice<'a> {
     pub index: u32,
     pub delta: Delta<'a>,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -200,7 +223,7 @@ pub struct Completion {
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -222,8 +245,140 @@ pub struct CompletionChunk<'a> {
 pub struct CompletionChunkChoice<'a> {
     pub index: u32,
     pub text: &'a str,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<FinishReason>,
+}
+
+/// OpenAI's floor for a token too unlikely to be worth a number (JSON has no -inf).
+const LOGPROB_FLOOR: f32 = -9999.0;
+
+fn logprob(l: f32) -> f32 {
+    if l.is_nan() {
+        LOGPROB_FLOOR
+    } else {
+        l.max(LOGPROB_FLOOR)
+    }
+}
+
+/// A token's bytes as text; bytes that are not whole UTF-8 characters show as U+FFFD (the
+/// exact bytes are in `bytes`).
+fn token_string(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Chat `choices[].logprobs`.
+#[derive(Debug, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+    pub refusal: Option<()>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+impl ChatLogprobs {
+    pub fn of(tokens: &[TokenLogprob]) -> Self {
+        let content = tokens
+            .iter()
+            .map(|t| ChatTokenLogprob {
+                token: token_string(&t.token),
+                logprob: logprob(t.logprob),
+                bytes: t.token.clone(),
+                top_logprobs: t
+                    .top
+                    .iter()
+                    .map(|(b, l)| TopLogprob {
+                        token: token_string(b),
+                        logprob: logprob(*l),
+                        bytes: b.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Self {
+            content,
+            refusal: None,
+        }
+    }
+}
+
+/// Legacy completions `choices[].logprobs`: parallel lists, one entry per token.
+#[derive(Debug, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<TopMap>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends `tokens`; `offset` is the character offset of the first one and moves past
+    /// each (characters are counted as UTF-8 lead bytes, so a character split over two
+    /// tokens is counted once, at the token holding its first byte).
+    pub fn extend(&mut self, tokens: &[TokenLogprob], offset: &mut usize) {
+        for t in tokens {
+            self.tokens.push(token_string(&t.token));
+            self.token_logprobs.push(logprob(t.logprob));
+            let mut top: Vec<(String, f32)> = Vec::with_capacity(t.top.len() + 1);
+            for (b, l) in &t.top {
+                let s = token_string(b);
+                // A JSON object holds each key once; keep the likelier entry.
+                if !top.iter().any(|(k, _)| *k == s) {
+                    top.push((s, logprob(*l)));
+                }
+            }
+            // OpenAI's legacy shape always includes the sampled token ("up to logprobs+1").
+            let chosen = token_string(&t.token);
+            if !top.iter().any(|(k, _)| *k == chosen) {
+                top.push((chosen, logprob(t.logprob)));
+            }
+            self.top_logprobs.push(TopMap(top));
+            self.text_offset.push(*offset);
+            *offset += t.token.iter().filter(|b| (**b & 0xC0) != 0x80).count();
+        }
+    }
+}
+
+/// `{token: logprob}` in the order given (most likely first), which a map would lose.
+#[derive(Debug, Default)]
+pub struct TopMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// `POST /tokenize`, as llama-server takes it.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    pub add_special: Option<bool>,
+    pub parse_special: Option<bool>,
+    pub with_pieces: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<i64>,
 }
 
 #[derive(Debug, Serialize)]

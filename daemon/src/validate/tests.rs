@@ -218,3 +218,177 @@ fn trailing_garbage_after_the_object_is_a_json_error() {
 fn non_object_body_is_a_json_error() {
     assert!(matches!(chat_json("[1,2]"), Err(InvalidRequest::Json(_))));
 }
+
+fn completion_json(body: &str) -> Result<ValidRequest, InvalidRequest> {
+    completion(parse_json(body.as_bytes())?)
+}
+
+fn message_of(r: Result<ValidRequest, InvalidRequest>) -> (String, String) {
+    match r {
+        Err(e) => match &e {
+            InvalidRequest::Field { param, .. } => (param.clone(), e.to_string()),
+            InvalidRequest::Json(_) => panic!("expected a field error, got {e:?}"),
+        },
+        Ok(v) => panic!("expected a field error, got {v:?}"),
+    }
+}
+
+#[test]
+fn logit_bias_becomes_sorted_pairs() {
+    let r = chat_json(&format!(
+        r#"{{{HELLO},"logit_bias":{{"50":-100,"7":2.5,"0":100}}}}"#
+    ))
+    .expect("valid");
+    assert_eq!(
+        r.sampling.logit_bias,
+        vec![(0, 100.0), (7, 2.5), (50, -100.0)]
+    );
+    let none = chat_json(&format!(r#"{{{HELLO},"logit_bias":{{}}}}"#)).expect("valid");
+    assert!(none.sampling.logit_bias.is_empty());
+}
+
+#[test]
+fn bad_logit_bias_keys_and_values_name_the_key() {
+    for (bias, key) in [
+        (r#"{"abc":1}"#, "`abc`"),
+        (r#"{"-3":1}"#, "`-3`"),
+        (r#"{"1.5":1}"#, "`1.5`"),
+        (r#"{"99999999999":1}"#, "`99999999999`"),
+        (r#"{"5":"high"}"#, "`5`"),
+        (r#"{"5":100.5}"#, "`5`"),
+        (r#"{"5":-101}"#, "`5`"),
+        (r#"{"5":null}"#, "`5`"),
+    ] {
+        let (param, msg) = message_of(chat_json(&format!(r#"{{{HELLO},"logit_bias":{bias}}}"#)));
+        assert_eq!(param, "logit_bias", "{bias}");
+        assert!(msg.contains(key), "{bias}: {msg}");
+    }
+    let (param, msg) = message_of(completion_json(
+        r#"{"prompt":"a","logit_bias":{"01":1,"1":2}}"#,
+    ));
+    assert_eq!(param, "logit_bias");
+    assert!(msg.contains("more than once"), "{msg}");
+}
+
+#[test]
+fn logit_bias_ids_beyond_the_vocabulary_are_refused() {
+    let r = chat_json(&format!(r#"{{{HELLO},"logit_bias":{{"9":1,"10":1}}}}"#)).expect("valid");
+    assert_eq!(check_vocab(&r.sampling, 11), Ok(()));
+    match check_vocab(&r.sampling, 10) {
+        Err(e @ InvalidRequest::Field { .. }) => {
+            assert!(e.to_string().contains("`10`"), "{e}")
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
+#[test]
+fn chat_logprobs_and_top_logprobs() {
+    let off = chat_json(&format!("{{{HELLO}}}")).expect("valid");
+    assert_eq!(off.sampling.logprobs, None);
+    let plain = chat_json(&format!(r#"{{{HELLO},"logprobs":true}}"#)).expect("valid");
+    assert_eq!(plain.sampling.logprobs, Some(0));
+    let top = chat_json(&format!(r#"{{{HELLO},"logprobs":true,"top_logprobs":20}}"#));
+    assert_eq!(top.expect("valid").sampling.logprobs, Some(20));
+    let no = chat_json(&format!(r#"{{{HELLO},"logprobs":false}}"#)).expect("valid");
+    assert_eq!(no.sampling.logprobs, None);
+    for body in [
+        r#""logprobs":true,"top_logprobs":21"#,
+        r#""top_logprobs":3"#,
+        r#""logprobs":false,"top_logprobs":3"#,
+        r#""logprobs":true,"top_logprobs":-1"#,
+    ] {
+        assert_eq!(
+            param_of(chat_json(&format!("{{{HELLO},{body}}}"))),
+            "top_logprobs",
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn completion_logprobs_is_an_int_up_to_five_and_not_with_echo() {
+    let r = completion_json(r#"{"prompt":"a","logprobs":5}"#).expect("valid");
+    assert_eq!(r.sampling.logprobs, Some(5));
+    let zero = completion_json(r#"{"prompt":"a","logprobs":0}"#).expect("valid");
+    assert_eq!(zero.sampling.logprobs, Some(0));
+    for body in [
+        r#"{"prompt":"a","logprobs":6}"#,
+        r#"{"prompt":"a","logprobs":true}"#,
+        r#"{"prompt":"a","logprobs":2,"echo":true}"#,
+    ] {
+        assert_eq!(param_of(completion_json(body)), "logprobs", "{body}");
+    }
+}
+
+#[test]
+fn unsupported_openai_chat_fields_are_refused_by_name() {
+    for (field, value) in [
+        ("audio", r#"{"voice":"alloy","format":"wav"}"#),
+        ("modalities", r#"["text","audio"]"#),
+        ("modalities", r#""text""#),
+        ("prediction", r#"{"type":"content","content":"x"}"#),
+        ("web_search_options", "{}"),
+        ("service_tier", r#""flex""#),
+        ("service_tier", r#""priority""#),
+        ("store", "true"),
+        ("reasoning_effort", r#""low""#),
+        ("verbosity", r#""low""#),
+        ("functions", r#"[{"name":"f"}]"#),
+        ("function_call", r#""auto""#),
+        ("n", "2"),
+    ] {
+        let (param, msg) = message_of(chat_json(&format!(r#"{{{HELLO},"{field}":{value}}}"#)));
+        assert_eq!(param, field, "{field}: {value}");
+        assert!(msg.starts_with(&format!("`{field}`")), "{msg}");
+    }
+}
+
+#[test]
+fn openai_chat_fields_that_ask_for_nothing_are_accepted() {
+    for body in [
+        r#""modalities":["text"]"#,
+        r#""service_tier":"auto""#,
+        r#""service_tier":"default""#,
+        r#""store":false"#,
+        r#""metadata":{"k":"v"}"#,
+        r#""user":"u-1""#,
+        r#""safety_identifier":"s""#,
+        r#""prompt_cache_key":"k""#,
+        r#""audio":null,"prediction":null,"web_search_options":null,"functions":null"#,
+        r#""n":1,"seed":3,"stream":true,"stream_options":{"include_usage":true}"#,
+        r#""some_extension":{"x":1}"#,
+    ] {
+        chat_json(&format!("{{{HELLO},{body}}}")).unwrap_or_else(|e| panic!("{body}: {e}"));
+    }
+}
+
+#[test]
+fn unsupported_completion_fields_are_refused_by_name() {
+    for (body, field) in [
+        (r#"{"prompt":"a","best_of":2}"#, "best_of"),
+        (r#"{"prompt":"a","best_of":0}"#, "best_of"),
+        (r#"{"prompt":"a","suffix":"end"}"#, "suffix"),
+        (r#"{"prompt":"a","n":3}"#, "n"),
+    ] {
+        assert_eq!(param_of(completion_json(body)), field, "{body}");
+    }
+    for body in [
+        r#"{"prompt":"a","best_of":1}"#,
+        r#"{"prompt":"a","suffix":""}"#,
+        r#"{"prompt":"a","suffix":null,"user":"u"}"#,
+    ] {
+        completion_json(body).unwrap_or_else(|e| panic!("{body}: {e}"));
+    }
+}
+
+#[test]
+fn detokenize_ids_must_be_in_the_vocabulary() {
+    assert_eq!(token_ids(&[0, 5, 9], 10), Ok(vec![0, 5, 9]));
+    for (ids, param) in [(&[1, 10][..], "tokens[1]"), (&[-1][..], "tokens[0]")] {
+        match token_ids(ids, 10) {
+            Err(InvalidRequest::Field { param: p, .. }) => assert_eq!(p, param),
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+}

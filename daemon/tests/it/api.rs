@@ -262,6 +262,28 @@ async fn right_api_key_is_served() {
 }
 
 #[tokio::test]
+async fn tokenize_and_detokenize_need_the_api_key() {
+    let d = started(&KEYED);
+    for (path, body) in [
+        ("/tokenize", json!({"content": "Hi"})),
+        ("/detokenize", json!({"tokens": [1]})),
+    ] {
+        let resp = d.post(path, &body).await;
+        assert_error(resp, 401, None, Some("invalid_api_key")).await;
+        let get = d.get(path).await;
+        assert_error(get, 401, None, Some("invalid_api_key")).await;
+        let keyed = http()
+            .post(d.url(path))
+            .header("authorization", "Bearer secret")
+            .json(&body)
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(keyed.status(), 200, "{path}");
+    }
+}
+
+#[tokio::test]
 async fn operational_routes_need_no_api_key() {
     let d = started(&KEYED);
     for path in ["/healthz", "/readyz", "/metrics"] {

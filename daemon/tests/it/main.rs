@@ -15,6 +15,7 @@ mod lifecycle;
 mod load;
 mod memory;
 mod native;
+mod parity;
 mod prefix;
 mod prompt;
 mod quantize;

@@ -109,6 +109,36 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     );
     assert!(!stream_finish_reason(&chunks).is_empty());
 
+    // logprobs and logit_bias: the native sampler reports the same shape as llama.cpp's.
+    let mut body = chat_body("What is the capital of France?", 6);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let v = d.chat(&body).await;
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no logprobs: {v}"))
+        .clone();
+    assert!(!content.is_empty(), "{v}");
+    for e in &content {
+        let lp = e["logprob"].as_f64().expect("logprob");
+        assert!(lp <= 0.0, "{e}");
+        assert_eq!(e["top_logprobs"][0]["token"], e["token"], "{e}");
+    }
+    let first = content[0]["token"].as_str().expect("token");
+    let t = d
+        .post_ok(
+            "/tokenize",
+            &json!({"content": first, "parse_special": false}),
+        )
+        .await;
+    let id = t["tokens"][0].as_i64().expect("id");
+    body["logit_bias"] = json!({ id.to_string(): -100 });
+    let banned = d.chat(&body).await;
+    assert_ne!(
+        banned["choices"][0]["logprobs"]["content"][0]["token"], content[0]["token"],
+        "{banned}"
+    );
+
     let counting = counting_body(32, false);
     let t0 = Instant::now();
     let (a, b) = tokio::join!(d.complete(&counting), d.complete(&counting));

@@ -130,10 +130,7 @@ impl Backend for NativeBackend<'_> {
                     return plan
                         .work
                         .iter()
-                        .map(|w| SeqOutcome {
-                            seq: w.seq(),
-                            result: Err(BackendError::Step(reason.clone())),
-                        })
+                        .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
                         .collect();
                 }
             }
@@ -145,17 +142,26 @@ impl Backend for NativeBackend<'_> {
             .zip(fed)
             .map(|(work, fed)| {
                 let seq = work.seq();
-                let result = match fed {
-                    Err(why) => Err(BackendError::Sequence(why)),
-                    Ok(false) => Ok(None),
+                match fed {
+                    Err(why) => SeqOutcome::new(seq, Err(BackendError::Sequence(why))),
+                    Ok(false) => SeqOutcome::new(seq, Ok(None)),
                     Ok(true) => match (rows.next(), samplers[seq].as_mut()) {
-                        (Some(row), Some(sampler)) => Ok(Some(sampler.sample(row))),
-                        _ => Err(BackendError::Step(format!(
-                            "the forward pass returned no logits row for sequence {seq}"
-                        ))),
+                        (Some(row), Some(sampler)) => {
+                            let (token, logprobs) = sampler.sample_reporting(row);
+                            SeqOutcome {
+                                seq,
+                                result: Ok(Some(token)),
+                                logprobs,
+                            }
+                        }
+                        _ => SeqOutcome::new(
+                            seq,
+                            Err(BackendError::Step(format!(
+                                "the forward pass returned no logits row for sequence {seq}"
+                            ))),
+                        ),
                     },
-                };
-                SeqOutcome { seq, result }
+                }
             })
             .collect()
     }
@@ -377,7 +383,7 @@ mod tests {
                     .expect("an event in time")
                     .expect("events until the end");
                 match event {
-                    Event::Admitted { .. } | Event::Text(_) => {}
+                    Event::Admitted { .. } | Event::Text { .. } => {}
                     Event::Finished { reason, usage, .. } => {
                         assert!(matches!(reason, FinishReason::Length | FinishReason::Stop));
                         assert!(usage.completion_tokens >= 1);

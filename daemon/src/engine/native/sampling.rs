@@ -1,6 +1,7 @@
 //! Per-sequence token sampling for the native backend: the semantics of the llama.cpp chain
-//! that [`super::super::llama`] builds from the same [`SamplingParams`] (penalties, then greedy
-//! at temperature 0, else top-k, top-p, min-p, temperature and a seeded draw), in Rust.
+//! that [`super::super::llama`] builds from the same [`SamplingParams`] (logit bias, penalties,
+//! then greedy at temperature 0, else top-k, top-p, min-p, temperature and a seeded draw), in
+//! Rust, with log-probabilities from the biased logits as the llama.cpp backend reports them.
 //!
 //! A sampler is deterministic: the same seed and the same logits give the same tokens.
 
@@ -9,6 +10,7 @@ use std::collections::VecDeque;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::engine::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use crate::engine::SamplingParams;
 
 /// Generated tokens the frequency and presence penalties look back over (llama.cpp's
@@ -39,8 +41,19 @@ impl Sampler {
 
     /// Picks the next token from one row of logits and remembers it for the penalties.
     pub fn sample(&mut self, row: &[f32]) -> i32 {
+        self.sample_reporting(row).0
+    }
+
+    /// [`sample`](Sampler::sample), with the token's log-probabilities when the settings ask
+    /// for them: from the biased logits, before the penalties (see [`crate::engine::logprobs`]).
+    pub fn sample_reporting(&mut self, row: &[f32]) -> (i32, Option<TokenLogprobs>) {
         self.logits.clear();
         self.logits.extend_from_slice(row);
+        apply_bias(&mut self.logits, &self.p.logit_bias);
+        let dist = self
+            .p
+            .logprobs
+            .map(|n| Distribution::of(&self.logits, usize::from(n)));
         self.penalize();
         let token = if self.p.temperature <= 0.0 {
             argmax(&self.logits)
@@ -51,7 +64,17 @@ impl Sampler {
             self.history.pop_front();
         }
         self.history.push_back(token);
-        token
+        // The penalties changed the working row: the chosen logit comes from the input's.
+        let report = dist.map(|d| {
+            let logit = usize::try_from(token)
+                .ok()
+                .and_then(|t| row.get(t))
+                .map_or(f32::NEG_INFINITY, |l| {
+                    l + bias_of(&self.p.logit_bias, token)
+                });
+            d.report_logit(logit)
+        });
+        (token, report)
     }
 
     /// `logit -= count × frequency + (count > 0) × presence` for each recent token.
@@ -127,6 +150,10 @@ impl Sampler {
         }
         self.cand[self.cand.len() - 1].1 as i32
     }
+}
+
+fn bias_of(bias: &[(i32, f32)], token: i32) -> f32 {
+    bias.iter().filter(|b| b.0 == token).map(|b| b.1).sum()
 }
 
 /// The highest logit's index, the lowest index among equals (llama.cpp's greedy).
@@ -254,5 +281,48 @@ mod tests {
         });
         let tokens: Vec<i32> = (0..3).map(|_| presence.sample(&row)).collect();
         assert_eq!(tokens, vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens() {
+        let banned = SamplingParams {
+            logit_bias: vec![(1, -100.0), (3, -100.0)],
+            ..params(0.0)
+        };
+        assert_eq!(Sampler::new(&banned).sample(&ROW), 5);
+        let forced = SamplingParams {
+            logit_bias: vec![(4, 100.0)],
+            seed: 3,
+            ..params(2.0)
+        };
+        let mut s = Sampler::new(&forced);
+        assert!((0..100).all(|_| s.sample(&ROW) == 4));
+    }
+
+    #[test]
+    fn logprobs_come_from_the_biased_logits_before_penalties() {
+        let p = SamplingParams {
+            logprobs: Some(3),
+            logit_bias: vec![(5, 0.5)],
+            frequency_penalty: 2.0,
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(&p);
+        let (token, lp) = s.sample_reporting(&ROW);
+        let lp = lp.expect("asked for");
+        // Token 5 (1.9 + 0.5) now leads; greedy takes it and it tops the list.
+        assert_eq!(token, 5);
+        assert_eq!(lp.top[0], (5, lp.logprob));
+        assert_eq!(lp.top.len(), 3);
+        let mass: f32 = lp.top.iter().map(|t| t.1.exp()).sum();
+        assert!(
+            lp.top.iter().all(|t| t.1 <= 0.0) && mass <= 1.0 + 1e-6,
+            "{lp:?}"
+        );
+        // The penalty moves the next pick off token 5, but not the reported numbers.
+        let (again, lp2) = s.sample_reporting(&ROW);
+        assert_ne!(again, 5);
+        assert_eq!(lp2.expect("asked for").top, lp.top);
+        assert_eq!(Sampler::new(&params(0.0)).sample_reporting(&ROW).1, None);
     }
 }
