@@ -51,6 +51,7 @@ help:
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
+	@echo "  qual-peer  the same cases against llama.cpp's llama-server (attach mode) -> out/qual-peer/, with compare.md"
 	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
 	@echo "  ota-keys development CA + code-signing cert into $(OTA_KEYS)/ (never ship them)"
@@ -58,6 +59,8 @@ help:
 	@echo "  ota-test  A/B updates with the real RAUC on loop devices (root): install, refusals, kill -9, rollback"
 	@echo "  ota-kill  the kill -9 mid-write case $(OTA_KILL_RUNS_MANY) times"
 	@echo "  ota-demo  keys, images 1.0.0 and 1.1.0, bundles into out/ota-demo/, then install -> reboot -> mark-good"
+	@echo "  fleet-test  the inferloop-ota agent on simulated boxes against a real goosebit (root): rollouts, failures, resume, ten boxes"
+	@echo "  fleet-demo  goosebit, two bundles, three boxes, a rollout -> out/fleet-demo/devices.json"
 	@echo "  fmt, clippy, clean"
 
 deps:
@@ -251,6 +254,28 @@ qual: deps model
 	cargo build --release $(LOCKED) -p inferloopd -p inferloop-qual
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL) --report $(QUAL_OUT) $(QUAL_ARGS)
 
+# The same cases against llama.cpp's llama-server (scripts/build-peer.sh builds it into
+# peer/), started on a free loopback port with the default model and attached to with
+# --base-url: cases that need more than OpenAI's API are skipped with the reason. Writes
+# $(QUAL_PEER_OUT)/report.{json,md,html}, and compare.md (both tallies, group by group) when
+# $(QUAL_OUT)/report.json exists. Failed cases are findings about the peer, not a broken
+# build: only a suite that could not run (exit 2) fails the target.
+QUAL_PEER_OUT ?= out/qual-peer
+
+.PHONY: qual-peer
+qual-peer: deps model
+	scripts/build-peer.sh
+	cargo build --release $(LOCKED) -p inferloop-qual
+	mkdir -p $(QUAL_PEER_OUT)
+	port=$$($(PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	peer/llama-server -m $(MODEL) --host 127.0.0.1 --port $$port -t 2 -np 4 -c 8192 --no-webui --jinja \
+	  > $(QUAL_PEER_OUT)/llama-server.log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+	$(QUAL_BIN) --base-url http://127.0.0.1:$$port --report $(QUAL_PEER_OUT) $(QUAL_ARGS); rc=$$?; \
+	if [ -f $(QUAL_OUT)/report.json ]; then \
+	  $(QUAL_BIN) compare $(QUAL_OUT)/report.json $(QUAL_PEER_OUT)/report.json | tee $(QUAL_PEER_OUT)/compare.md; fi; \
+	[ $$rc -le 1 ]
+
 # The native backend (CPU twin) on the Q8_0 model: the whole qualification suite and the
 # `openai` client tests, every daemon started with --backend native --device cpu.
 .PHONY: test-native
@@ -291,3 +316,31 @@ ota-kill: image-tool $(VENV)/.installed
 ota-demo: image-tool
 	rm -rf out/ota-demo
 	$(PYTHON) tests/ota/ota.py demo out/ota-demo
+
+# --- Fleet rollouts (issue 17) -------------------------------------------------------------
+#
+#   make fleet-test  tests/fleet/: the inferloop-ota agent on simulated boxes (RAUC on loop
+#                    devices, as in ota-test) against a real goosebit from PyPI: rollout ->
+#                    reboot -> health -> success, a tampered artifact, refused bundles, a
+#                    server kill -9 mid-download, ten boxes at once (root; ~3 minutes)
+#   make fleet-demo  goosebit + two bundles + three boxes, a rollout of the newer one; the
+#                    server's view of the devices in out/fleet-demo/devices.json
+#
+# goosebit lives in .venv-goosebit (scripts/goosebit.sh install; Python >= 3.11).
+
+.PHONY: ota-agent goosebit fleet-test fleet-demo
+
+ota-agent: deps
+	cargo build --release $(LOCKED) -p inferloop-ota
+
+goosebit:
+	scripts/goosebit.sh install
+
+fleet-test: image-tool ota-agent goosebit $(VENV)/.installed
+	mkdir -p out/fleet-test
+	cd tests/fleet && OTA_REQUIRE=1 FLEET_REPORT=$(abspath out/fleet-test/timings.txt) \
+	  $(abspath $(VENV))/bin/pytest -q -rs -p no:cacheprovider .
+	cat out/fleet-test/timings.txt
+
+fleet-demo: image-tool ota-agent goosebit
+	$(PYTHON) tests/fleet/fleet.py demo out/fleet-demo

@@ -249,6 +249,25 @@ fn install_ota(spec: &Spec, input: &OtaInput, root: &Path) -> Result<(), ImageEr
         }
         tree::write_file(&dest, bytes, 0o644)?;
     }
+    if let Some(agent) = &input.agent {
+        let dest = tree::join(root, ota::AGENT_PATH);
+        tree::mkdir_p(dest.parent().unwrap_or(root))?;
+        replace_with_copy(agent, &dest, 0o755)?;
+    }
+    if let Some(agent) = &input.fleet {
+        let dest = tree::join(root, ota::AGENT_CONF_PATH);
+        if std::fs::symlink_metadata(&dest).is_ok() {
+            return Err(ImageError::OverlayConflict {
+                path: dest,
+                message: format!(
+                    "{} is generated from the spec's [ota] server; remove it from the base and overlay",
+                    ota::AGENT_CONF_PATH
+                ),
+            });
+        }
+        tree::mkdir_p(dest.parent().unwrap_or(root))?;
+        tree::write_file(&dest, agent.render().as_bytes(), 0o644)?;
+    }
     if let Some(qual) = &input.qual {
         let dest = tree::join(root, ota::QUAL_PATH);
         tree::mkdir_p(dest.parent().unwrap_or(root))?;

@@ -28,6 +28,81 @@ pub const MOUNT_PREFIX: &str = "/run/rauc";
 /// image; 4 GiB holds a root filesystem with a baked small model.
 pub const MAX_BUNDLE_DOWNLOAD_SIZE: u64 = 4 << 30;
 
+/// The fleet agent binary, when the spec bakes one (`rootfs/` ships its unit).
+pub const AGENT_PATH: &str = "/usr/bin/inferloop-ota";
+/// The fleet agent's config (`inferloop-ota agent --config`), rendered when the spec's
+/// `[ota]` names a server.
+pub const AGENT_CONF_PATH: &str = "/etc/inferloop/ota.toml";
+
+/// The spec's fleet-agent settings, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConf {
+    pub server: String,
+    pub tenant: Option<String>,
+    pub token_file: Option<String>,
+}
+
+impl AgentConf {
+    pub fn new(
+        server: String,
+        tenant: Option<String>,
+        token_file: Option<String>,
+    ) -> Result<Self, String> {
+        if !(server.starts_with("http://") || server.starts_with("https://"))
+            || server.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "server {server:?} must be an http:// or https:// URL without spaces"
+            ));
+        }
+        if let Some(t) = &tenant {
+            if t.is_empty()
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(format!("tenant {t:?} must be letters, digits, - _ ."));
+            }
+        }
+        if let Some(f) = &token_file {
+            // The image is shared by the whole fleet; each box's token lives on its data
+            // partition.
+            if !f.starts_with("/data/") || f.chars().any(|c| c.is_control()) {
+                return Err(format!(
+                    "token_file {f:?} must be a path on the data partition (/data/...)"
+                ));
+            }
+        }
+        Ok(Self {
+            server,
+            tenant,
+            token_file,
+        })
+    }
+
+    /// The TOML the agent reads.
+    pub fn render(&self) -> String {
+        let mut t = toml::Table::new();
+        t.insert("server".into(), self.server.clone().into());
+        if let Some(tenant) = &self.tenant {
+            t.insert("tenant".into(), tenant.clone().into());
+        }
+        if let Some(f) = &self.token_file {
+            t.insert("target_token_file".into(), f.clone().into());
+        }
+        t.insert("download_dir".into(), "/data/ota".into());
+        t.insert("state_file".into(), "/data/ota/state.json".into());
+        t.insert(
+            "health_passed_file".into(),
+            "/data/rauc/health-passed".into(),
+        );
+        format!(
+            "# The fleet agent (inferloop-ota.service), written by inferloop-image from the spec's [ota].\n{}",
+            toml::to_string(&t).unwrap_or_default()
+        )
+    }
+}
+
 /// Values tests replace to run RAUC against loop devices and temporary directories.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfOverrides {
@@ -256,6 +331,27 @@ mod tests {
             system_conf(orin(), &newline),
             Err(ImageError::OtaConfig { .. })
         ));
+    }
+
+    #[test]
+    fn agent_conf_renders_what_the_agent_reads_and_refuses_tokens_in_the_image() {
+        let conf = AgentConf::new(
+            "https://updates.example.com".into(),
+            Some("DEFAULT".into()),
+            Some("/data/ota/target-token".into()),
+        )
+        .expect("valid");
+        let text = conf.render();
+        let t: toml::Table = toml::from_str(&text).expect("toml");
+        assert_eq!(t["server"].as_str(), Some("https://updates.example.com"));
+        assert_eq!(
+            t["target_token_file"].as_str(),
+            Some("/data/ota/target-token")
+        );
+        assert_eq!(t["download_dir"].as_str(), Some("/data/ota"));
+        assert!(AgentConf::new("ftp://x".into(), None, None).is_err());
+        assert!(AgentConf::new("https://x".into(), None, Some("/etc/token".into())).is_err());
+        assert!(AgentConf::new("https://x".into(), Some("a b".into()), None).is_err());
     }
 
     #[test]

@@ -89,6 +89,19 @@ struct OtaFile {
     /// An `inferloop-qual` built for the image's target, run before and after updates.
     #[serde(default)]
     qual: Option<PathBuf>,
+    /// An `inferloop-ota` built for the image's target (the fleet agent).
+    #[serde(default)]
+    agent: Option<PathBuf>,
+    /// The rollout server (hawkBit DDI) the fleet agent polls; renders
+    /// [`crate::ota::AGENT_CONF_PATH`]. Without it the agent stays off.
+    #[serde(default)]
+    server: Option<String>,
+    /// hawkBit tenant (default `DEFAULT`).
+    #[serde(default)]
+    tenant: Option<String>,
+    /// The box's target token, on the data partition (never in the shared image).
+    #[serde(default)]
+    token_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +154,10 @@ pub struct OtaInput {
     pub keyring: PathBuf,
     /// Installed as [`crate::ota::QUAL_PATH`].
     pub qual: Option<PathBuf>,
+    /// Installed as [`crate::ota::AGENT_PATH`].
+    pub agent: Option<PathBuf>,
+    /// The fleet agent's settings, when the spec names a server.
+    pub fleet: Option<crate::ota::AgentConf>,
 }
 
 /// The base root filesystem the image starts from.
@@ -441,7 +458,37 @@ fn check_ota(
         }
         None => None,
     };
-    Ok(OtaInput { keyring, qual })
+    let agent = match ota.agent {
+        Some(agent) => {
+            let agent = resolve(&agent);
+            metadata("ota.agent", &agent)?;
+            elf::check_arch(&agent, target).map_err(|message| ImageError::QualBinary {
+                path: agent.clone(),
+                message,
+            })?;
+            Some(agent)
+        }
+        None => None,
+    };
+    let fleet = match (ota.server, ota.tenant, ota.token_file) {
+        (None, None, None) => None,
+        (None, _, _) => {
+            return Err(invalid(
+                "ota.server",
+                "`tenant` and `token_file` configure the fleet agent, which needs `server`",
+            ))
+        }
+        (Some(server), tenant, token_file) => Some(
+            crate::ota::AgentConf::new(server, tenant, token_file)
+                .map_err(|message| invalid("ota.server", message))?,
+        ),
+    };
+    Ok(OtaInput {
+        keyring,
+        qual,
+        agent,
+        fleet,
+    })
 }
 
 fn check_config(config: toml::Table) -> Result<toml::Table, ImageError> {

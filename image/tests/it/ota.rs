@@ -189,3 +189,52 @@ fn ota_example_spec_is_the_example_plus_an_ota_table() {
     let spec = Spec::from_toml(&ota, &origin).expect("OTA example spec");
     assert!(spec.ota.is_some());
 }
+
+#[test]
+fn ota_server_renders_the_fleet_agent_config_and_needs_a_server_for_a_token() {
+    require!(
+        "ota_server_renders_the_fleet_agent_config_and_needs_a_server_for_a_token",
+        MKSQUASHFS,
+        OPENSSL
+    );
+    let f = Fixture::new();
+    Keys::make(f.path("keys"));
+    let spec = ota_spec(
+        &f,
+        "keyring = \"keys/ca.cert.pem\"\nserver = \"https://updates.example.com\"\n\
+         tenant = \"DEFAULT\"\ntoken_file = \"/data/ota/target-token\"",
+    )
+    .expect("valid spec");
+    let agent = spec
+        .ota
+        .as_ref()
+        .and_then(|o| o.fleet.clone())
+        .expect("agent");
+    let built = f.build(&spec, "out");
+    let e = entry(&built, inferloop_image::ota::AGENT_CONF_PATH).expect("ota.toml listed");
+    assert_eq!(
+        e.sha256.clone(),
+        Some(inferloop_manifest::hash::sha256_bytes(
+            agent.render().as_bytes()
+        ))
+    );
+    assert!(agent
+        .render()
+        .contains("target_token_file = \"/data/ota/target-token\""));
+
+    for (bad, field) in [
+        (
+            "keyring = \"keys/ca.cert.pem\"\ntoken_file = \"/data/t\"",
+            "ota.server",
+        ),
+        (
+            "keyring = \"keys/ca.cert.pem\"\nserver = \"https://x\"\ntoken_file = \"/etc/t\"",
+            "ota.server",
+        ),
+    ] {
+        match ota_spec(&f, bad) {
+            Err(ImageError::SpecInvalid { field: got, .. }) => assert_eq!(got, field, "{bad}"),
+            other => panic!("{bad}: expected SpecInvalid, got {other:?}"),
+        }
+    }
+}

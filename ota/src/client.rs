@@ -1,0 +1,184 @@
+//! The HTTP side of DDI: poll, `configData`, feedback; authentication and TLS.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::config::{Auth, Settings};
+use crate::ddi::{Base, ConfigData, Feedback};
+use crate::OtaError;
+
+/// Replies longer than this are not DDI JSON.
+const MAX_JSON_BYTES: usize = 1 << 20;
+const JSON_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct DdiClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl DdiClient {
+    /// Reads the token and CA files now: a box without them cannot talk to its server.
+    pub fn new(settings: &Settings) -> Result<Self, OtaError> {
+        let mut headers = HeaderMap::new();
+        let token = |path: &std::path::Path| -> Result<String, OtaError> {
+            let t = std::fs::read_to_string(path).map_err(OtaError::io("reading token", path))?;
+            let t = t.trim().to_string();
+            if t.is_empty() || t.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(OtaError::Config {
+                    path: path.to_path_buf(),
+                    message: "the token file must hold one token without spaces".into(),
+                });
+            }
+            Ok(t)
+        };
+        let auth = match &settings.auth {
+            Auth::None => None,
+            Auth::Target(p) => Some(format!("TargetToken {}", token(p)?)),
+            Auth::Gateway(p) => Some(format!("GatewayToken {}", token(p)?)),
+        };
+        if let Some(a) = auth {
+            let mut v = HeaderValue::from_str(&a).map_err(|e| OtaError::Config {
+                path: "token".into(),
+                message: e.to_string(),
+            })?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        let mut builder = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(concat!("inferloop-ota/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            // A stalled download fails after a minute of silence, and resumes on the next try.
+            .read_timeout(Duration::from_secs(60));
+        if let Some(ca) = &settings.ca_file {
+            let pem = std::fs::read(ca).map_err(OtaError::io("reading CA file", ca))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| OtaError::Config {
+                    path: ca.clone(),
+                    message: format!("not a PEM certificate bundle: {e}"),
+                })?;
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder.build().map_err(|e| OtaError::Config {
+            path: "tls".into(),
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            http,
+            base: settings.base_url(),
+        })
+    }
+
+    /// The underlying client (downloads use it: same auth, same TLS roots).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    pub async fn poll(&self) -> Result<Base, OtaError> {
+        let url = self.base.clone();
+        self.get_json(&url).await
+    }
+
+    pub async fn get_json<T: DeserializeOwned>(&self, url: &str) -> Result<T, OtaError> {
+        let resp = self
+            .http
+            .get(url)
+            .header("Accept", "application/hal+json, application/json")
+            .timeout(JSON_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| unreachable(url, e))?;
+        let body = checked_body("GET", url, resp).await?;
+        serde_json::from_slice(&body).map_err(|e| OtaError::Garbage {
+            url: url.to_string(),
+            message: format!("{e} in {}", preview(&body)),
+        })
+    }
+
+    pub async fn put_config_data(&self, url: &str, data: &ConfigData) -> Result<(), OtaError> {
+        self.send_json("PUT", url, data).await
+    }
+
+    /// `POST {base}/deploymentBase/{id}/feedback`.
+    pub async fn deployment_feedback(&self, fb: &Feedback) -> Result<(), OtaError> {
+        let url = format!("{}/deploymentBase/{}/feedback", self.base, fb.id);
+        self.send_json("POST", &url, fb).await
+    }
+
+    /// `POST {base}/cancelAction/{id}/feedback`.
+    pub async fn cancel_feedback(&self, fb: &Feedback) -> Result<(), OtaError> {
+        let url = format!("{}/cancelAction/{}/feedback", self.base, fb.id);
+        self.send_json("POST", &url, fb).await
+    }
+
+    async fn send_json<T: Serialize>(
+        &self,
+        method: &'static str,
+        url: &str,
+        body: &T,
+    ) -> Result<(), OtaError> {
+        let req = match method {
+            "PUT" => self.http.put(url),
+            _ => self.http.post(url),
+        };
+        let resp = req
+            .json(body)
+            .timeout(JSON_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| unreachable(url, e))?;
+        checked_body(method, url, resp).await.map(|_| ())
+    }
+}
+
+fn unreachable(url: &str, e: reqwest::Error) -> OtaError {
+    OtaError::Unreachable {
+        url: url.to_string(),
+        message: format!("{e:#}"),
+    }
+}
+
+async fn checked_body(
+    method: &'static str,
+    url: &str,
+    resp: reqwest::Response,
+) -> Result<Vec<u8>, OtaError> {
+    let status = resp.status();
+    if let Some(len) = resp.content_length() {
+        if len as usize > MAX_JSON_BYTES {
+            return Err(OtaError::Garbage {
+                url: url.to_string(),
+                message: format!("a {len}-byte reply"),
+            });
+        }
+    }
+    let body = resp.bytes().await.map_err(|e| unreachable(url, e))?;
+    if !status.is_success() {
+        return Err(OtaError::Status {
+            method,
+            url: url.to_string(),
+            status: status.as_u16(),
+            body: preview(&body),
+        });
+    }
+    Ok(body.to_vec())
+}
+
+fn preview(body: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+    if body.len() > 200 {
+        format!("{s:?}…")
+    } else {
+        format!("{s:?}")
+    }
+}
