@@ -52,7 +52,7 @@ help:
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  qual-peer  the same cases against llama.cpp's llama-server (attach mode) -> out/qual-peer/, with compare.md"
-	@echo "  cross    inferloopd for aarch64 (Jetson Orin); cross-test runs it under qemu"
+	@echo "  cross    inferloopd, inferloop-qual and inferloop-ota for aarch64 (Jetson Orin); cross-test runs inferloopd under qemu"
 	@echo "  image    build image/examples/orin-nx-16gb.toml into out/image/ and verify it"
 	@echo "  ota-keys development CA + code-signing cert into $(OTA_KEYS)/ (never ship them)"
 	@echo "  bundle   build $(OTA_SPEC) and sign it into $(BUNDLE) with the dev keys"
@@ -179,7 +179,7 @@ clean:
 
 # --- Images for the board (issue 6) ------------------------------------------------------
 #
-#   make cross       cross-build inferloopd for aarch64 (Orin) -> $(CROSS_BIN)
+#   make cross       cross-build inferloopd (-> $(CROSS_BIN)), inferloop-qual and inferloop-ota for aarch64 (Orin)
 #   make cross-test  run it under qemu: --version and one short generation
 #   make image       build $(IMAGE_SPEC) into $(IMAGE_OUT)/ and verify it
 #

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Cross-builds inferloopd (llama.cpp included) and the qualification suite (inferloop-qual)
-# for aarch64-unknown-linux-gnu, release, tuned for the Jetson Orin's Cortex-A78AE
-# (scripts/cross/aarch64-orin.cmake), and puts both in target/aarch64-unknown-linux-gnu/release/.
+# Cross-builds inferloopd (llama.cpp included), the qualification suite (inferloop-qual) and
+# the fleet agent (inferloop-ota, the image's `[ota] agent`) for aarch64-unknown-linux-gnu,
+# release, tuned for the Jetson Orin's Cortex-A78AE (scripts/cross/aarch64-orin.cmake), and
+# puts all three in target/aarch64-unknown-linux-gnu/release/.
 #
 # With a working Docker and `cross` on PATH it uses `cross` (Cross.toml). Otherwise it uses
 # Debian packages: Debian's rustc-web with the arm64 standard library, the aarch64 GCC
@@ -13,7 +14,8 @@ TARGET=aarch64-unknown-linux-gnu
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/target/$TARGET/release/inferloopd"
 QUAL_OUT="$ROOT/target/$TARGET/release/inferloop-qual"
-PACKAGES=(-p inferloopd -p inferloop-qual)
+OTA_OUT="$ROOT/target/$TARGET/release/inferloop-ota"
+PACKAGES=(-p inferloopd -p inferloop-qual -p inferloop-ota)
 export INFERLOOP_CROSS_DIR="$ROOT/scripts/cross"
 export CMAKE_TOOLCHAIN_FILE_aarch64_unknown_linux_gnu="$INFERLOOP_CROSS_DIR/aarch64-orin.cmake"
 LOCKED=()
@@ -75,12 +77,15 @@ else
     cargo build --release "${LOCKED[@]}" --target "$TARGET" "${PACKAGES[@]}"
     install -D -m 0755 "$CARGO_TARGET_DIR/$TARGET/release/inferloopd" "$OUT"
     install -D -m 0755 "$CARGO_TARGET_DIR/$TARGET/release/inferloop-qual" "$QUAL_OUT"
+    install -D -m 0755 "$CARGO_TARGET_DIR/$TARGET/release/inferloop-ota" "$OTA_OUT"
 fi
 
 [[ -x "$OUT" ]] || die "no binary at $OUT"
 [[ -x "$QUAL_OUT" ]] || die "no binary at $QUAL_OUT"
+[[ -x "$OTA_OUT" ]] || die "no binary at $OTA_OUT"
 log "built $OUT ($(stat -c %s "$OUT") bytes)"
 log "built $QUAL_OUT ($(stat -c %s "$QUAL_OUT") bytes)"
+log "built $OTA_OUT ($(stat -c %s "$OTA_OUT") bytes)"
 command -v file >/dev/null 2>&1 && log "$(file -b "$OUT")"
 # The int8 dot-product instructions are the point of the armv8.2-a+dotprod build.
 if command -v aarch64-linux-gnu-objdump >/dev/null 2>&1; then

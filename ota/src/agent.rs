@@ -130,13 +130,25 @@ impl<I: Installer + Sync> Agent<I> {
             }
             Err(e) => {
                 let wait = self.backoff.next_delay();
-                tracing::warn!(
-                    kind = e.kind(),
-                    error = %e,
-                    failures = self.backoff.failures(),
-                    retry_in = ?wait,
-                    "cycle failed; retrying"
-                );
+                if e.needs_operator() {
+                    // A token or a certificate: logged as an error, since waiting alone
+                    // does not fix it; still retried, the fix may be on the server.
+                    tracing::error!(
+                        kind = e.kind(),
+                        error = %e,
+                        failures = self.backoff.failures(),
+                        retry_in = ?wait,
+                        "cycle failed; retrying"
+                    );
+                } else {
+                    tracing::warn!(
+                        kind = e.kind(),
+                        error = %e,
+                        failures = self.backoff.failures(),
+                        retry_in = ?wait,
+                        "cycle failed; retrying"
+                    );
+                }
                 wait
             }
         }

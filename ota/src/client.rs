@@ -24,21 +24,30 @@ impl DdiClient {
     /// Reads the token and CA files now: a box without them cannot talk to its server.
     pub fn new(settings: &Settings) -> Result<Self, OtaError> {
         let mut headers = HeaderMap::new();
-        let token = |path: &std::path::Path| -> Result<String, OtaError> {
-            let t = std::fs::read_to_string(path).map_err(OtaError::io("reading token", path))?;
-            let t = t.trim().to_string();
-            if t.is_empty() || t.chars().any(|c| c.is_control() || c == ' ') {
-                return Err(OtaError::Config {
-                    path: path.to_path_buf(),
-                    message: "the token file must hold one token without spaces".into(),
-                });
+        // A box configured for a token never polls without one: the server could take an
+        // unauthenticated poll for a new device, or the operator would see only 401s.
+        let token = |setting: &str, path: &std::path::Path| -> Result<String, OtaError> {
+            let bad = |message: String| OtaError::Config {
+                path: path.to_path_buf(),
+                message,
+            };
+            let t = std::fs::read_to_string(path)
+                .map_err(|e| bad(format!("`{setting}` cannot be read: {e}")))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(bad(format!("`{setting}` is empty")));
             }
-            Ok(t)
+            if t.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(bad(format!(
+                    "`{setting}` must hold one token without spaces or line breaks"
+                )));
+            }
+            Ok(t.to_string())
         };
         let auth = match &settings.auth {
             Auth::None => None,
-            Auth::Target(p) => Some(format!("TargetToken {}", token(p)?)),
-            Auth::Gateway(p) => Some(format!("GatewayToken {}", token(p)?)),
+            Auth::Target(p) => Some(format!("TargetToken {}", token("target_token_file", p)?)),
+            Auth::Gateway(p) => Some(format!("GatewayToken {}", token("gateway_token_file", p)?)),
         };
         if let Some(a) = auth {
             let mut v = HeaderValue::from_str(&a).map_err(|e| OtaError::Config {
@@ -55,12 +64,21 @@ impl DdiClient {
             // A stalled download fails after a minute of silence, and resumes on the next try.
             .read_timeout(Duration::from_secs(60));
         if let Some(ca) = &settings.ca_file {
-            let pem = std::fs::read(ca).map_err(OtaError::io("reading CA file", ca))?;
+            let pem = std::fs::read(ca).map_err(|e| OtaError::Config {
+                path: ca.clone(),
+                message: format!("`ca_file` cannot be read: {e}"),
+            })?;
             let certs =
                 reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| OtaError::Config {
                     path: ca.clone(),
                     message: format!("not a PEM certificate bundle: {e}"),
                 })?;
+            if certs.is_empty() {
+                return Err(OtaError::Config {
+                    path: ca.clone(),
+                    message: "`ca_file` holds no PEM certificate".into(),
+                });
+            }
             for c in certs {
                 builder = builder.add_root_certificate(c);
             }
@@ -142,10 +160,7 @@ impl DdiClient {
 }
 
 fn unreachable(url: &str, e: reqwest::Error) -> OtaError {
-    OtaError::Unreachable {
-        url: url.to_string(),
-        message: format!("{e:#}"),
-    }
+    OtaError::unreachable(url, &e)
 }
 
 async fn checked_body(
@@ -164,12 +179,12 @@ async fn checked_body(
     }
     let body = resp.bytes().await.map_err(|e| unreachable(url, e))?;
     if !status.is_success() {
-        return Err(OtaError::Status {
+        return Err(OtaError::status(
             method,
-            url: url.to_string(),
-            status: status.as_u16(),
-            body: preview(&body),
-        });
+            url,
+            status.as_u16(),
+            preview(&body),
+        ));
     }
     Ok(body.to_vec())
 }

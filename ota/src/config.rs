@@ -24,8 +24,13 @@ pub struct ConfigFile {
     pub server: Option<String>,
     pub tenant: Option<String>,
     pub controller_id: Option<String>,
+    /// A file holding this box's token (`Authorization: TargetToken ...`); surrounding
+    /// whitespace, a trailing newline included, is ignored. Read at start: missing or empty
+    /// stops the agent rather than letting it poll unauthenticated.
     pub target_token_file: Option<PathBuf>,
+    /// The same for a token shared by the tenant (`GatewayToken ...`).
     pub gateway_token_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for the server, added to the built-in (Mozilla) roots.
     pub ca_file: Option<PathBuf>,
     pub download_dir: Option<PathBuf>,
     pub state_file: Option<PathBuf>,

@@ -117,10 +117,19 @@ async fn transfer(
         if have > 0 {
             rq = rq.header(RANGE, format!("bytes={have}-"));
         }
-        let resp = rq
-            .send()
-            .await
-            .map_err(|e| interrupted(have, format!("{e:#}")))?;
+        let resp = rq.send().await.map_err(|e| {
+            // A certificate the box does not trust is no interruption to resume from.
+            match OtaError::unreachable(url, &e) {
+                tls @ OtaError::Tls { .. } => tls,
+                other => interrupted(
+                    have,
+                    match other {
+                        OtaError::Unreachable { message, .. } => message,
+                        o => o.to_string(),
+                    },
+                ),
+            }
+        })?;
         match resp.status() {
             StatusCode::PARTIAL_CONTENT if have > 0 => {
                 let start = resp
@@ -157,14 +166,7 @@ async fn transfer(
                 have = 0;
                 attempt_from_zero = true;
             }
-            s => {
-                return Err(OtaError::Status {
-                    method: "GET",
-                    url: url.to_string(),
-                    status: s.as_u16(),
-                    body: String::new(),
-                })
-            }
+            s => return Err(OtaError::status("GET", url, s.as_u16(), String::new())),
         }
     };
     let mut file = tokio::fs::OpenOptions::new()

@@ -16,6 +16,17 @@ pub enum OtaError {
     },
     #[error("server unreachable ({url}): {message}")]
     Unreachable { url: String, message: String },
+    /// The server's certificate did not verify (or the handshake failed otherwise).
+    #[error("TLS with {url} failed: {message} (is `ca_file` the CA that signed the server's certificate?)")]
+    Tls { url: String, message: String },
+    /// 401 or 403: the server does not accept the box's token (or wants one).
+    #[error("server refused the box's credentials: {status} to {method} {url}: {body} (check `target_token_file` / `gateway_token_file` and the token the server holds for this controller id)")]
+    Unauthorized {
+        method: &'static str,
+        url: String,
+        status: u16,
+        body: String,
+    },
     #[error("server answered {status} to {method} {url}: {body}")]
     Status {
         method: &'static str,
@@ -64,6 +75,8 @@ impl OtaError {
             Self::Config { .. } => "config",
             Self::Io { .. } => "io",
             Self::Unreachable { .. } => "unreachable",
+            Self::Tls { .. } => "tls",
+            Self::Unauthorized { .. } => "unauthorized",
             Self::Status { .. } => "status",
             Self::Garbage { .. } => "garbage",
             Self::Interrupted { .. } => "interrupted",
@@ -82,11 +95,63 @@ impl OtaError {
         matches!(
             self,
             Self::Unreachable { .. }
+                | Self::Tls { .. }
+                | Self::Unauthorized { .. }
                 | Self::Status { .. }
                 | Self::Garbage { .. }
                 | Self::Interrupted { .. }
                 | Self::Rauc { .. }
         )
+    }
+
+    /// Retrying alone will not fix it: someone has to fix a token or a certificate (on
+    /// the box or the server). Still retried, with backoff, since the fix may be theirs.
+    pub fn needs_operator(&self) -> bool {
+        matches!(self, Self::Tls { .. } | Self::Unauthorized { .. })
+    }
+
+    /// A non-success HTTP status: 401 and 403 are about credentials, the rest generic.
+    pub(crate) fn status(method: &'static str, url: &str, status: u16, body: String) -> Self {
+        let url = url.to_string();
+        match status {
+            401 | 403 => Self::Unauthorized {
+                method,
+                url,
+                status,
+                body,
+            },
+            _ => Self::Status {
+                method,
+                url,
+                status,
+                body,
+            },
+        }
+    }
+
+    /// A request that got no HTTP answer. reqwest's own message is only "error sending
+    /// request for url (...)"; the cause (refused, timed out, a certificate rustls rejected)
+    /// is further down the chain, so the whole chain goes into the message.
+    pub(crate) fn unreachable(url: &str, e: &reqwest::Error) -> Self {
+        let mut message = e.to_string();
+        let mut tls = false;
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            let text = s.to_string();
+            // rustls' errors ("invalid peer certificate: UnknownIssuer", "received fatal
+            // alert: ...") reach here only as text, wrapped in io::Error by hyper-rustls.
+            tls |= text.contains("certificate") || text.contains("fatal alert");
+            if !message.contains(&text) {
+                message = format!("{message}: {text}");
+            }
+            source = s.source();
+        }
+        let url = url.to_string();
+        if tls {
+            Self::Tls { url, message }
+        } else {
+            Self::Unreachable { url, message }
+        }
     }
 
     pub(crate) fn io(

@@ -111,8 +111,12 @@ class Throttle:
 class Goosebit:
     """goosebit 0.2.12 on loopback with its own database and artifacts directory."""
 
-    def __init__(self, workdir, poll_time="00:00:01", throttle=None):
+    def __init__(self, workdir, poll_time="00:00:01", throttle=None, device_auth=None):
+        """`device_auth`: None (goosebit's default, no device authentication) or one of its
+        modes; "strict" answers 401 to any DDI request without the `TargetToken` the admin
+        API gave the device (and never registers a device itself)."""
         self.dir = Path(workdir)
+        self.device_auth = device_auth
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.poll_time = poll_time
@@ -133,6 +137,9 @@ class Goosebit:
     def start(self):
         env = dict(os.environ, GOOSEBIT_POLL_TIME=self.poll_time,
                    GOOSEBIT_MAX_CONCURRENT_UPDATES="1000")
+        if self.device_auth:
+            # pydantic-settings' nested keys: device_auth.enable, device_auth.mode.
+            env.update(GOOSEBIT_DEVICE_AUTH__ENABLE="true", GOOSEBIT_DEVICE_AUTH__MODE=self.device_auth)
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([GOOSEBIT_SH, "start", self.dir, str(self.port)],
                                      stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -228,6 +235,12 @@ class Goosebit:
 
     def devices(self):
         return self.api("GET", "/api/v1/devices")["devices"]
+
+    def create_device(self, dev_id, auth_token):
+        """PUT /api/v1/devices creates the device (strict mode will not) with its token
+        (goosebit keeps at most 32 characters)."""
+        assert len(auth_token) <= 32, auth_token
+        self.api("PUT", "/api/v1/devices", {"devices": [dev_id], "auth_token": auth_token})
 
     def device(self, dev_id):
         return self.api("GET", f"/api/v1/devices/{dev_id}")

@@ -11,6 +11,8 @@ import random
 import shutil
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -254,3 +256,54 @@ def test_ten_boxes_each_get_the_update_once(fleet_world, server, boxes):
     TIMINGS["ten boxes: goosebit rollout success/failure count"] = (
         f"{rollout['success_count']} / {rollout['failure_count']}")
     assert rollout["failure_count"] == 0, rollout
+
+
+def test_strict_device_auth_admits_the_right_token_and_refuses_a_wrong_one(fleet_world, tmp_path):
+    # goosebit in strict mode: devices exist only through the admin API, each with its token.
+    server = fleet.Goosebit(tmp_path / "goosebit", device_auth="strict")
+    made = []
+    try:
+        server.start()
+        good_token, bad_token = "k7Qm2xV9pL4sT8wZ3nB6cR1dF5gH0jY2", "not-the-token-for-auth-bad"
+        server.create_device("auth-good", good_token)
+        server.create_device("auth-bad", "k7Qm2xV9pL4sT8wZ3nB6cR1dF5gH0jXX")
+        # Without a token the server says no (so the good box's success is the token's doing).
+        ddi = f"{server.url}/DEFAULT/controller/v1/auth-good"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(ddi, timeout=10)
+        assert refused.value.code == 401
+        for name, token in (("auth-good", good_token), ("auth-bad", bad_token)):
+            token_file = tmp_path / f"{name}.token"
+            token_file.write_text(token + "\n")
+            box = fleet.Box(fleet_world, tmp_path / name, server.url, name,
+                            agent_conf={"target_token_file": str(token_file)})
+            made.append(box)
+            box.start()
+        good, bad = made
+        t = time.monotonic()
+        fleet.wait_devices(server, [good.name], registered, 30, "the good box's registration")
+        sw = server.upload(fleet_world.bundles["good-1.1.0"])
+        server.rollout(sw)
+        fleet.wait_devices(server, [good.name], on("1.1.0"), 90, "1.1.0 reported by the good box")
+        TIMINGS["strict auth: start + rollout -> success"] = time.monotonic() - t
+        assert good.reboots == 1 and good.dev.running_version() == "1.1.0"
+        assert "unauthorized" not in good.log()
+
+        # The wrong token: every poll refused, logged, backed off; nothing installed.
+        log = bad.log()
+        refusals = [line for line in log.splitlines() if 'kind="unauthorized"' in line]
+        assert len(refusals) >= 2, log[-3000:]
+        assert "server refused the box's credentials: 401" in refusals[0], refusals[0]
+        assert "Device authentication token does not match" in refusals[0], refusals[0]
+        TIMINGS["strict auth: wrong token, agent log"] = refusals[0].split("error=")[-1][:160]
+        assert "installing with RAUC" not in log and "sent configData" not in log
+        assert bad.reboots == 0 and bad.dev.primary() == "A"
+        d = server.device(bad.name)
+        assert d["sw_version"] is None and d["last_state"] != "Finished", d
+    finally:
+        errors = []
+        for b in made:
+            errors += b.close()
+            errors += b.errors
+        server.close()
+    assert not errors, errors

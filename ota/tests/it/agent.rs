@@ -1,118 +1,24 @@
 //! The agent's policy against the fake server and a fake RAUC: maintenance windows,
 //! cancels, a busy or refusing RAUC, a server answering garbage, and the verdict after
-//! the reboot. (The real RAUC and goosebit are in tests/ota/test_fleet.py.)
+//! the reboot. (The real RAUC and goosebit are in tests/fleet/test_fleet.py.)
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use inferloop_ota::agent::Agent;
 use inferloop_ota::config::{ConfigFile, Overrides, Settings};
 use inferloop_ota::download::digest_file;
-use inferloop_ota::rauc::{InstallProgress, Installer, Slot, Slots};
 use inferloop_ota::state::{Pending, State, StateFile};
 use inferloop_ota::OtaError;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
-use crate::fake::{Fake, Script};
+use crate::fake::{Fake, FakeRauc, Script};
 
-#[derive(Default)]
-struct Rauc {
-    operation: String,
-    /// `Some(message)`: the install fails with this LastError.
-    refuse: Option<String>,
-    installs: Vec<PathBuf>,
-    booted: String,
-    primary: String,
-    b_status: String,
-}
-
-#[derive(Clone)]
-struct FakeRauc(Arc<Mutex<Rauc>>);
-
-impl FakeRauc {
-    fn new() -> Self {
-        Self(Arc::new(Mutex::new(Rauc {
-            operation: "idle".into(),
-            booted: "A".into(),
-            primary: "rootfs.0".into(),
-            b_status: "good".into(),
-            ..Rauc::default()
-        })))
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut Rauc) -> R) -> R {
-        f(&mut self.0.lock().expect("lock"))
-    }
-}
-
-impl Installer for FakeRauc {
-    async fn operation(&self) -> Result<String, OtaError> {
-        Ok(self.with(|r| r.operation.clone()))
-    }
-
-    async fn install(
-        &self,
-        bundle: &Path,
-        progress: mpsc::Sender<InstallProgress>,
-    ) -> Result<(), OtaError> {
-        let _ = progress
-            .send(InstallProgress {
-                percentage: 40,
-                message: "Checking bundle done.".into(),
-            })
-            .await;
-        self.with(|r| {
-            r.installs.push(bundle.to_path_buf());
-            match &r.refuse {
-                Some(e) => Err(OtaError::InstallFailed {
-                    code: 1,
-                    last_error: e.clone(),
-                }),
-                None => {
-                    r.primary = "rootfs.1".into();
-                    Ok(())
-                }
-            }
-        })
-    }
-
-    async fn slots(&self) -> Result<Slots, OtaError> {
-        Ok(self.with(|r| Slots {
-            booted: r.booted.clone(),
-            primary: Some(r.primary.clone()),
-            slots: vec![
-                Slot {
-                    name: "rootfs.0".into(),
-                    bootname: Some("A".into()),
-                    state: None,
-                    boot_status: Some("good".into()),
-                },
-                Slot {
-                    name: "rootfs.1".into(),
-                    bootname: Some("B".into()),
-                    state: None,
-                    boot_status: Some(r.b_status.clone()),
-                },
-            ],
-        }))
-    }
-
-    async fn booted(&self) -> Result<String, OtaError> {
-        Ok(self.with(|r| r.booted.clone()))
-    }
-
-    async fn compatible(&self) -> Result<String, OtaError> {
-        Ok("inferloop-test-board".into())
-    }
-}
-
-struct Setup {
-    fake: Fake,
-    rauc: FakeRauc,
-    agent: Agent<FakeRauc>,
-    dir: tempfile::TempDir,
+pub(crate) struct Setup {
+    pub fake: Fake,
+    pub rauc: FakeRauc,
+    pub agent: Agent<FakeRauc>,
+    pub dir: tempfile::TempDir,
 }
 
 impl Setup {
@@ -120,7 +26,7 @@ impl Setup {
         self.dir.path().join("ota")
     }
 
-    fn downloads(&self) -> Vec<String> {
+    pub fn downloads(&self) -> Vec<String> {
         std::fs::read_dir(self.download_dir())
             .map(|rd| {
                 rd.flatten()
@@ -131,7 +37,7 @@ impl Setup {
             .unwrap_or_default()
     }
 
-    fn state(&self) -> State {
+    pub fn state(&self) -> State {
         StateFile::new(self.dir.path().join("ota/state.json"))
             .load()
             .expect("state")
@@ -158,20 +64,33 @@ fn deployment(fake_url: &str, bundle: &[u8], window: Option<&str>) -> Value {
     json!({"id": "5", "deployment": dep})
 }
 
-fn base_with(fake_url: &str, link: &str, id: &str) -> Value {
+pub(crate) fn base_with(fake_url: &str, link: &str, id: &str) -> Value {
     json!({"config": {"polling": {"sleep": "00:00:01"}},
            "_links": {link: {"href": format!("{fake_url}/DEFAULT/controller/v1/box/{link}/{id}")}}})
 }
 
 async fn setup(window: Option<&str>, health_ok: bool) -> Setup {
-    let bundle = vec![7u8; 50_000];
-    let fake = Fake::start(Script {
-        artifact: bundle.clone(),
-        ..Script::default()
-    })
-    .await;
+    let fake = Fake::start(Script::default()).await;
+    agent_on(fake, window, health_ok, |_| {}).expect("agent")
+}
+
+/// The bundle every fake deployment offers.
+pub(crate) fn bundle() -> Vec<u8> {
+    vec![7u8; 50_000]
+}
+
+/// Scripts `fake` to offer deployment 5 (the artifact on the fake itself) and builds an
+/// agent against it; `adjust` edits the config first (tokens, `ca_file`).
+pub(crate) fn agent_on(
+    fake: Fake,
+    window: Option<&str>,
+    health_ok: bool,
+    adjust: impl FnOnce(&mut ConfigFile),
+) -> Result<Setup, OtaError> {
     let url = fake.url.clone();
+    let bundle = bundle();
     fake.with(|s| {
+        s.artifact = bundle.clone();
         s.base = Some(base_with(&url, "deploymentBase", "5"));
         s.deployment = deployment(&url, &bundle, window);
     });
@@ -180,7 +99,7 @@ async fn setup(window: Option<&str>, health_ok: bool) -> Setup {
     if health_ok {
         std::fs::write(&health, "unknown B\n").expect("write");
     }
-    let file = ConfigFile {
+    let mut file = ConfigFile {
         server: Some(fake.url.clone()),
         controller_id: Some("box".into()),
         download_dir: Some(dir.path().join("ota")),
@@ -192,19 +111,20 @@ async fn setup(window: Option<&str>, health_ok: bool) -> Setup {
         retry_max_s: Some(8.0),
         ..ConfigFile::default()
     };
+    adjust(&mut file);
     let s =
         Settings::from_file(file, &Overrides::default(), Path::new("test.toml")).expect("settings");
     let rauc = FakeRauc::new();
-    let agent = Agent::new(s, rauc.clone()).expect("agent");
-    Setup {
+    let agent = Agent::new(s, rauc.clone())?;
+    Ok(Setup {
         fake,
         rauc,
         agent,
         dir,
-    }
+    })
 }
 
-fn executions(fb: &[Value]) -> Vec<String> {
+pub(crate) fn executions(fb: &[Value]) -> Vec<String> {
     fb.iter()
         .map(|f| {
             format!(

@@ -50,8 +50,7 @@ async fn an_interrupted_download_resumes_from_the_partial_file_with_range() {
     let path = fetch(&http, &req, |_, _| {}).await.expect("resumed");
     assert_eq!(std::fs::read(&path).expect("read"), data);
     assert!(!partial_path(&req.dest).exists());
-    let ranges: Vec<Option<String>> =
-        fake.with(|s| s.log.iter().map(|(_, _, r, _)| r.clone()).collect());
+    let ranges: Vec<Option<String>> = fake.log().into_iter().map(|r| r.range).collect();
     assert_eq!(ranges, [None, Some(format!("bytes={kept}-"))]);
 
     // Finished and verified: a second fetch reads the file, not the network.
@@ -111,7 +110,7 @@ async fn a_partial_file_longer_than_the_artifact_starts_over() {
         .await
         .expect("fresh download");
     assert_eq!(
-        fake.with(|s| s.log[0].2.clone()),
+        fake.log()[0].range.clone(),
         None,
         "no Range on a fresh start"
     );
