@@ -146,6 +146,10 @@ pub struct ServeLayer {
     /// Model id reported by the API (default: the file stem).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Jinja chat template file used instead of the model's own (GGUF
+    /// `tokenizer.chat_template`).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
     /// Address to bind.
     #[arg(long)]
     pub host: Option<IpAddr>,
@@ -260,6 +264,8 @@ pub struct ServeConfig {
     /// The weights to serve. Without `--model`, the manifest's path, else [`DEFAULT_MODEL`].
     pub model: PathBuf,
     pub model_id: String,
+    /// `--chat-template`: replaces the model's own chat template.
+    pub chat_template: Option<PathBuf>,
     pub manifest: Option<PathBuf>,
     /// The manifest at `manifest`, read once here: it names the weights without `--model`,
     /// and the boot gate checks them against it. A load error is kept, not raised, so that it
@@ -517,6 +523,7 @@ impl ServeConfig {
         Ok(Self {
             model,
             model_id,
+            chat_template: l.chat_template,
             manifest,
             loaded_manifest,
             state_dir: l.state_dir,

@@ -209,9 +209,11 @@ fn load_engine(
     if selection.backend == BackendKind::Native {
         // llama.cpp keeps the tokenizer and the chat template; the weights are mapped once,
         // by the native backend.
-        let model = Arc::new(LoadedModel::load_vocab_only(
+        let model = Arc::new(LoadedModel::load_with(
             &config.model,
             config.model_id.clone(),
+            config.chat_template.as_deref(),
+            true,
         )?);
         let native = crate::engine::native::open_model(
             &config.model,
@@ -231,7 +233,12 @@ fn load_engine(
         );
         return Engine::start_native(model, native, plan, metrics, thermal);
     }
-    let model = Arc::new(LoadedModel::load(&config.model, config.model_id.clone())?);
+    let model = Arc::new(LoadedModel::load_with(
+        &config.model,
+        config.model_id.clone(),
+        config.chat_template.as_deref(),
+        false,
+    )?);
     tracing::info!(
         path = %config.model.display(),
         size_bytes = model.info().size_bytes,

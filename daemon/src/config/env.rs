@@ -11,6 +11,7 @@ impl ServeLayer {
         ServeLayer {
             model: other.model.or(self.model),
             model_id: other.model_id.or(self.model_id),
+            chat_template: other.chat_template.or(self.chat_template),
             host: other.host.or(self.host),
             port: other.port.or(self.port),
             slots: other.slots.or(self.slots),
@@ -70,6 +71,7 @@ impl ServeLayer {
         Ok(ServeLayer {
             model: get("INFERLOOP_MODEL").map(PathBuf::from),
             model_id: get("INFERLOOP_MODEL_ID"),
+            chat_template: get("INFERLOOP_CHAT_TEMPLATE").map(PathBuf::from),
             host: parse(&get, "INFERLOOP_HOST")?,
             port: parse(&get, "INFERLOOP_PORT")?,
             slots: parse(&get, "INFERLOOP_SLOTS")?,

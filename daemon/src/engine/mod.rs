@@ -22,6 +22,7 @@ mod scheduler_tests;
 pub mod select;
 mod sequence;
 pub mod state;
+pub mod template;
 pub mod text;
 mod thread;
 

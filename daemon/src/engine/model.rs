@@ -7,9 +7,11 @@ use std::sync::atomic::AtomicBool;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::token::LlamaToken;
 use serde::Serialize;
 
 use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
+use super::template::{ChatTemplate, JinjaTemplate};
 use super::EngineError;
 
 /// Facts about the model that the API and status routes report.
@@ -24,6 +26,11 @@ pub struct ModelInfo {
     pub n_vocab: i32,
     pub n_ctx_train: u32,
     pub has_chat_template: bool,
+    /// How chats are rendered: `jinja` (the template itself, with minijinja) or
+    /// `llama.cpp builtin` (llama.cpp's matcher, for a template minijinja cannot render).
+    pub chat_template: &'static str,
+    /// The `--chat-template` file that replaced the model's own template, if any.
+    pub chat_template_file: Option<PathBuf>,
     /// File modification time, used as the model's `created` timestamp.
     pub created: u64,
 }
@@ -55,8 +62,8 @@ pub struct ChatTurn {
 pub struct LoadedModel {
     // Field order matters: the model must be freed before the backend.
     model: LlamaModel,
-    /// The model's own template, or ChatML for a model without one.
-    template: LlamaChatTemplate,
+    /// The model's own template (or `--chat-template`'s), or ChatML for a model without one.
+    template: ChatTemplate,
     bounds: PromptBounds,
     vocab: Vocabulary,
     info: ModelInfo,
@@ -66,16 +73,18 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Loads the weights (memory-mapped, CPU). Fails with the path and reason.
     pub fn load(path: &Path, id: String) -> Result<Self, EngineError> {
-        Self::load_with(path, id, false)
+        Self::load_with(path, id, None, false)
     }
 
-    /// Loads the vocabulary, chat template and hyperparameters only: for a backend that
-    /// reads the weights itself, so that they are not mapped twice.
-    pub fn load_vocab_only(path: &Path, id: String) -> Result<Self, EngineError> {
-        Self::load_with(path, id, true)
-    }
-
-    fn load_with(path: &Path, id: String, vocab_only: bool) -> Result<Self, EngineError> {
+    /// Loads the model with the chat template of `chat_template` (a Jinja file) instead of
+    /// its own; `vocab_only` loads the vocabulary, template and hyperparameters only, for a
+    /// backend that reads the weights itself, so that they are not mapped twice.
+    pub fn load_with(
+        path: &Path,
+        id: String,
+        chat_template: Option<&Path>,
+        vocab_only: bool,
+    ) -> Result<Self, EngineError> {
         let fail = |reason: String| EngineError::ModelLoad {
             path: path.display().to_string(),
             reason,
@@ -90,11 +99,37 @@ impl LoadedModel {
                 "llama.cpp could not load it ({e}); is it a GGUF file?"
             ))
         })?;
-        let own_template = model.chat_template(None).ok();
-        let has_chat_template = own_template.is_some();
-        let template = match own_template {
-            Some(t) => t,
-            None => LlamaChatTemplate::new("chatml").map_err(|e| fail(e.to_string()))?,
+        let file_text = match chat_template {
+            Some(file) => {
+                Some(
+                    std::fs::read_to_string(file).map_err(|e| EngineError::ModelLoad {
+                        path: file.display().to_string(),
+                        reason: format!("cannot read the chat template file: {e}"),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let own_text = match file_text {
+            Some(text) => Some(text),
+            None => model
+                .chat_template(None)
+                .ok()
+                .and_then(|t| t.to_string().ok()),
+        };
+        let has_chat_template = own_text.is_some();
+        let origin = match chat_template {
+            Some(file) => file.display().to_string(),
+            None => "the GGUF".to_string(),
+        };
+        let template = match own_text {
+            Some(text) => choose_template(&model, &text, &origin).map_err(fail)?,
+            None => {
+                tracing::info!("the model has no chat template: using llama.cpp's ChatML");
+                ChatTemplate::Builtin(
+                    LlamaChatTemplate::new("chatml").map_err(|e| fail(e.to_string()))?,
+                )
+            }
         };
         let bounds = PromptBounds::measure(&model, &template);
         let vocab = Vocabulary::of(&model);
@@ -114,6 +149,8 @@ impl LoadedModel {
             n_vocab: model.n_vocab(),
             n_ctx_train: model.n_ctx_train(),
             has_chat_template,
+            chat_template: template.kind(),
+            chat_template_file: chat_template.map(Path::to_path_buf),
             created,
         };
         if vocab_only {
@@ -150,12 +187,14 @@ impl LoadedModel {
         self.bounds
     }
 
-    /// Renders messages with the model's own template (llama.cpp's built-in matcher; ChatML
-    /// for a model without one), ending with the assistant's turn opened, and tokenizes it
-    /// with message text kept plain (see [`prompt`](super::prompt)).
+    /// Renders messages with the model's own template (its Jinja source, or llama.cpp's
+    /// built-in matcher for one minijinja cannot render; ChatML for a model without one),
+    /// ending with the assistant's turn opened, and tokenizes it with message text kept
+    /// plain (see [`prompt`](super::prompt)).
     ///
-    /// No system prompt is injected when the client sends none: what the model sees is what
-    /// the client sent, and short prompts keep TTFT low.
+    /// Whatever the template adds is kept, e.g. a default system prompt when the client sends
+    /// none: the model sees what it was trained to see, as with `transformers` and
+    /// `llama-server --jinja`.
     pub fn chat_prompt(
         &self,
         turns: &[ChatTurn],
@@ -221,5 +260,44 @@ impl LoadedModel {
             vocab.token_to_piece_into(llama_cpp_2::token::LlamaToken(*t), &mut bytes, false, None);
         }
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// The model's template as Jinja when minijinja compiles it and renders a one-message chat
+/// with it; otherwise llama.cpp's built-in matcher on the same text. The log says which.
+fn choose_template(model: &LlamaModel, text: &str, origin: &str) -> Result<ChatTemplate, String> {
+    let vocab = model.vocab();
+    let special = |t: LlamaToken| {
+        (0..vocab.n_tokens())
+            .contains(&t.0)
+            .then(|| vocab.text(t).and_then(|c| c.to_str().ok()))
+            .flatten()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (bos, eos) = (special(vocab.bos()), special(vocab.eos()));
+    let probe = [super::model::ChatTurn {
+        role: "user".into(),
+        content: "x".into(),
+    }];
+    let jinja =
+        JinjaTemplate::compile(text, &bos, &eos).and_then(|t| match t.render(&probe, None, true) {
+            Ok(_) => Ok(t),
+            Err(e) => Err(e.to_string()),
+        });
+    match jinja {
+        Ok(t) => {
+            tracing::info!(source = origin, "chat template: jinja (minijinja)");
+            Ok(ChatTemplate::Jinja(Box::new(t)))
+        }
+        Err(reason) => {
+            tracing::warn!(
+                source = origin,
+                %reason,
+                "chat template: minijinja cannot render it; using llama.cpp's built-in matcher"
+            );
+            let builtin = LlamaChatTemplate::new(text).map_err(|e| e.to_string())?;
+            Ok(ChatTemplate::Builtin(builtin))
+        }
     }
 }

@@ -12,20 +12,24 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel, VocabType};
+use llama_cpp_2::model::{LlamaModel, VocabType};
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token_type::LlamaTokenAttr;
 use rand::distributions::{Alphanumeric, DistString};
 
 use super::model::ChatTurn;
+use super::template::ChatTemplate;
 
 /// Why an input could not become a prompt.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PromptError {
     #[error("message {index}: content contains a NUL byte")]
     NulByte { index: usize },
-    #[error("the model's chat template could not render these messages (code {0})")]
+    #[error("the model's chat template could not render these messages: {0}")]
     Template(String),
+    /// The template's own `raise_exception(message)`.
+    #[error("the model's chat template refuses these messages: {0}")]
+    Refused(String),
     #[error(
         "has {count} messages; a context of {ctx} tokens holds at most {max} (each message \
          costs at least {per_message} tokens in this model's chat template)"
@@ -78,7 +82,7 @@ pub struct PromptBounds {
 
 impl PromptBounds {
     /// Measures the bounds of a loaded model and its template.
-    pub fn measure(model: &LlamaModel, template: &LlamaChatTemplate) -> Self {
+    pub fn measure(model: &LlamaModel, template: &ChatTemplate) -> Self {
         let vocab = model.vocab();
         let max_bytes_per_token = (0..vocab.n_tokens())
             .map(|t| vocab.token_to_piece(LlamaToken(t), false, None).len())
@@ -88,11 +92,14 @@ impl PromptBounds {
         // One more message of each role after a fixed first one: the template's cost of a
         // message with empty content. Roles a template cannot render are skipped.
         let count = |turns: &[(&str, &str)]| -> Option<usize> {
-            let messages = turns
+            let turns: Vec<ChatTurn> = turns
                 .iter()
-                .map(|(r, c)| LlamaChatMessage::new((*r).into(), (*c).into()).ok())
-                .collect::<Option<Vec<_>>>()?;
-            let text = model.apply_chat_template(template, &messages, true).ok()?;
+                .map(|(r, c)| ChatTurn {
+                    role: (*r).into(),
+                    content: (*c).into(),
+                })
+                .collect();
+            let text = template.render(model, &turns, true).ok()?;
             Some(vocab.tokenize(text.as_bytes(), true, true).len())
         };
         let base = count(&[("user", "x")]);
@@ -158,40 +165,62 @@ pub struct Prompt {
 /// `gone` is polled between pieces: once set, the work stops with [`PromptError::Cancelled`].
 pub fn chat(
     model: &LlamaModel,
-    template: &LlamaChatTemplate,
+    template: &ChatTemplate,
     vocab: &Vocabulary,
     turns: &[ChatTurn],
     limit: Limit,
     gone: &AtomicBool,
 ) -> Result<Prompt, PromptError> {
+    let pieces = render_marked(turns, |stand_ins| template.render(model, stand_ins, true))?;
+    let mut out = Tokens::new(model, vocab, limit, gone);
+    for piece in pieces {
+        match piece {
+            Piece::Markup(m) => out.markup(&m)?,
+            Piece::Text(t) => out.text(t)?,
+        }
+    }
+    out.finish()
+}
+
+/// A rendered chat cut into the template's text and the messages' text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// Written by the template: its special-token text becomes control tokens.
+    Markup(String),
+    /// A message's content: always plain text.
+    Text(&'a str),
+}
+
+/// Renders `turns` through `render` with a per-request sentinel in place of each content,
+/// then cuts the result at the sentinels. Joined, the pieces are the rendered chat.
+pub fn render_marked<'a>(
+    turns: &'a [ChatTurn],
+    render: impl FnOnce(&[ChatTurn]) -> Result<String, PromptError>,
+) -> Result<Vec<Piece<'a>>, PromptError> {
+    if let Some(index) = turns.iter().position(|t| t.content.contains('\0')) {
+        return Err(PromptError::NulByte { index });
+    }
     let sentinels = Sentinels::for_turns(turns);
-    let messages = turns
+    let stand_ins: Vec<ChatTurn> = turns
         .iter()
         .enumerate()
-        .map(|(index, t)| {
-            if t.content.contains('\0') {
-                return Err(PromptError::NulByte { index });
-            }
-            LlamaChatMessage::new(t.role.clone(), sentinels.of(index))
-                .map_err(|_| PromptError::NulByte { index })
+        .map(|(index, t)| ChatTurn {
+            role: t.role.clone(),
+            content: sentinels.stand_in(index, &t.content),
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let rendered = model
-        .apply_chat_template(template, &messages, true)
-        .map_err(|e| PromptError::Template(e.to_string()))?;
-    let mut out = Tokens::new(model, vocab, limit, gone);
+        .collect();
+    let rendered = render(&stand_ins)?;
+    let mut pieces = Vec::new();
+    // Every sentinel the template wrote, in the order written, stands for its message's
+    // text. A template may drop a message (some ignore a system turn) or write one twice.
     let mut rest = rendered.as_str();
-    for (index, turn) in turns.iter().enumerate() {
-        // A template may drop a message (some ignore a system turn): its text is skipped.
-        let Some((markup, after)) = rest.split_once(&sentinels.of(index)) else {
-            continue;
-        };
-        out.markup(markup)?;
-        out.text(&turn.content)?;
+    while let Some((markup, index, after)) = sentinels.next_in(rest, turns.len()) {
+        pieces.push(Piece::Markup(markup.to_string()));
+        pieces.push(Piece::Text(Sentinels::core(&turns[index].content)));
         rest = after;
     }
-    out.markup(rest)?;
-    out.finish()
+    pieces.push(Piece::Markup(rest.to_string()));
+    Ok(pieces)
 }
 
 /// Tokenizes a raw prompt. Special-token text stays plain unless `parse_special`.
@@ -248,6 +277,52 @@ impl Sentinels {
 
     fn of(&self, index: usize) -> String {
         format!("\u{E000}{}{index}\u{E001}", self.tag)
+    }
+
+    /// What the template gets for a message's content: its leading and trailing whitespace
+    /// around the sentinel, so that a template's `trim` or `.strip()` still acts on the
+    /// content; content that is only whitespace (or empty) as it is, since it holds no
+    /// text a template could mistake and empty content must stay falsy.
+    fn stand_in(&self, index: usize, content: &str) -> String {
+        let core = Self::core(content);
+        if core.is_empty() {
+            return content.to_string();
+        }
+        let lead = content.len() - content.trim_start().len();
+        let trail = content.len() - content.trim_end().len();
+        format!(
+            "{}{}{}",
+            &content[..lead],
+            self.of(index),
+            &content[content.len() - trail..]
+        )
+    }
+
+    /// The part of a content a sentinel stands for.
+    fn core(content: &str) -> &str {
+        content.trim()
+    }
+
+    /// The first sentinel in `text` for one of `n` messages: the text before it, the
+    /// message index and the text after it.
+    fn next_in<'t>(&self, text: &'t str, n: usize) -> Option<(&'t str, usize, &'t str)> {
+        let open = format!("\u{E000}{}", self.tag);
+        let mut from = 0;
+        while let Some(at) = text[from..].find(&open).map(|i| from + i) {
+            let digits_from = at + open.len();
+            let tail = &text[digits_from..];
+            let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+            if let (Ok(index), Some(after)) = (
+                tail[..digits].parse::<usize>(),
+                tail[digits..].strip_prefix('\u{E001}'),
+            ) {
+                if index < n {
+                    return Some((&text[..at], index, after));
+                }
+            }
+            from = digits_from;
+        }
+        None
     }
 }
 

@@ -20,4 +20,5 @@ mod prefix;
 mod prompt;
 mod quantize;
 mod stream;
+mod template;
 mod thermal;
