@@ -271,7 +271,7 @@ qual-peer: deps model
 	peer/llama-server -m $(MODEL) --host 127.0.0.1 --port $$port -t 2 -np 4 -c 8192 --no-webui --jinja \
 	  > $(QUAL_PEER_OUT)/llama-server.log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
-	$(QUAL_BIN) --base-url http://127.0.0.1:$$port --report $(QUAL_PEER_OUT) $(QUAL_ARGS); rc=$$?; \
+	rc=0; $(QUAL_BIN) --base-url http://127.0.0.1:$$port --report $(QUAL_PEER_OUT) $(QUAL_ARGS) || rc=$$?; \
 	if [ -f $(QUAL_OUT)/report.json ]; then \
 	  $(QUAL_BIN) compare $(QUAL_OUT)/report.json $(QUAL_PEER_OUT)/report.json | tee $(QUAL_PEER_OUT)/compare.md; fi; \
 	[ $$rc -le 1 ]

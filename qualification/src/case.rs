@@ -219,6 +219,9 @@ pub struct Case {
     pub heavy: bool,
     /// Longest run before the case fails as timed out.
     pub timeout: Duration,
+    /// What the case needs beyond OpenAI's API (an inferloopd route, header or behaviour);
+    /// on any other server it is skipped with that reason, without running.
+    pub inferloopd_only: Option<&'static str>,
     pub check: Check,
 }
 
@@ -240,6 +243,13 @@ impl Case {
     /// Marks the case [`heavy`](Case::heavy).
     pub fn heavy(&mut self) -> &mut Case {
         self.heavy = true;
+        self
+    }
+
+    /// Marks the case as checking `what`, which only inferloopd has (see
+    /// [`Case::inferloopd_only`](Case#structfield.inferloopd_only)).
+    pub fn inferloopd_only(&mut self, what: &'static str) -> &mut Case {
+        self.inferloopd_only = Some(what);
         self
     }
 
@@ -275,6 +285,7 @@ impl Registry {
             resource: Resource::Shared,
             heavy: false,
             timeout: DEFAULT_TIMEOUT,
+            inferloopd_only: None,
             check: Box::new(check),
         });
         let last = self.cases.len() - 1;

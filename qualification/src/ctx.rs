@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::case::Stop;
 use crate::daemon::{Daemon, SpawnCfg};
 use crate::fixtures;
+use crate::server::Server;
 use crate::target::Target;
 
 /// How the suite reaches the daemon.
@@ -35,6 +36,37 @@ pub struct Facts {
     pub serve_help: String,
     /// `inferloopd --help` (spawn mode), to tell which subcommands this build has.
     pub top_help: String,
+}
+
+impl Facts {
+    /// The facts from `GET /v1/models` and what the server said about itself: inferloopd's
+    /// `/v1/status`, or llama-server's `/props` (`total_slots`, the per-slot `n_ctx`), or
+    /// nothing (one slot, a 1024-token context, no queue assumed).
+    pub fn learn(models: &Value, info: &Value, serve_help: String, top_help: String) -> Facts {
+        let settings = &info["default_generation_settings"];
+        Facts {
+            model_id: models["data"][0]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            slots: info["slots"]["total"]
+                .as_u64()
+                .or_else(|| info["total_slots"].as_u64())
+                .unwrap_or(1),
+            ctx: info["slots"]["ctx_per_slot"]
+                .as_u64()
+                .or_else(|| settings["n_ctx"].as_u64())
+                .unwrap_or(1024),
+            queue: info["queue"]["capacity"].as_u64().unwrap_or(0),
+            version: info["version"]
+                .as_str()
+                .or_else(|| info["build_info"].as_str())
+                .unwrap_or_default()
+                .to_string(),
+            serve_help,
+            top_help,
+        }
+    }
 }
 
 /// Latency samples for the report's charts.
@@ -95,6 +127,9 @@ pub struct Ctx {
     pub target: Target,
     pub spawn: Option<SpawnCfg>,
     pub facts: Facts,
+    /// What the server is; cases needing more than OpenAI's API skip on anything but an
+    /// inferloopd.
+    pub server: Server,
     /// Scratch space for manifests, model copies and fake trees.
     pub work: PathBuf,
     pub samples: Samples,
@@ -119,6 +154,7 @@ impl Ctx {
             mode,
             target,
             spawn,
+            server: Server::inferloopd(&facts.version),
             facts,
             work,
             samples: Samples::default(),
@@ -126,6 +162,23 @@ impl Ctx {
             fixtures: Mutex::default(),
             memo: Mutex::default(),
             shared,
+        }
+    }
+
+    /// The same context about `server` (which it reads from the target as well).
+    pub fn with_server(mut self, server: Server) -> Ctx {
+        self.target.inferloopd = server.inferloopd;
+        self.server = server;
+        self
+    }
+
+    /// A cheap GET that answers 200 when all is well: inferloopd's `/healthz`, or the route
+    /// that told the suite another server was ready (llama-server's `/health`).
+    pub fn health_path(&self) -> &'static str {
+        if self.server.inferloopd {
+            "/healthz"
+        } else {
+            self.server.ready_via
         }
     }
 

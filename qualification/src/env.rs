@@ -8,12 +8,15 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::ctx::{Ctx, Mode};
+use crate::server::Server;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Environment {
     pub started_utc: String,
     pub mode: &'static str,
     pub target: String,
+    /// What the server is and the route that said it was ready.
+    pub server: Server,
     pub daemon_version: String,
     pub daemon_binary: Option<String>,
     pub model_id: String,
@@ -104,6 +107,7 @@ pub fn gather(ctx: &Ctx, started_utc: String, jobs: usize, filter: Vec<String>) 
             Mode::Spawn => "spawn (--spawn)",
         },
         target: ctx.target.ep.url(""),
+        server: ctx.server.clone(),
         daemon_version: status["version"]
             .as_str()
             .map(str::to_string)

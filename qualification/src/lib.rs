@@ -1,17 +1,21 @@
 //! `inferloop-qual`: the qualification suite for `inferloopd`. 385 cases, each with a stable
-//! id, run against a daemon someone started (`--base-url`) or against daemons the suite
-//! starts itself (`--spawn`), with a verdict people can file: JSON, Markdown and HTML.
+//! id, run against a server someone started (`--base-url`: an inferloopd, or any
+//! OpenAI-compatible server, which skips the inferloopd-only cases) or against daemons the
+//! suite starts itself (`--spawn`), with a verdict people can file: JSON, Markdown and HTML.
 //!
 //! # Layout
 //! - [`case`]: what a case is ([`case::Case`], its [`case::Group`], [`case::Stop`] for a
 //!   failure with expected vs observed or a skip with its reason) and the `ensure!` macros.
-//! - [`cases`]: the 385 cases, one module per group, data-driven where a table fits.
+//! - [`cases`]: the 385 cases, one module per group (a folder with one file per section for
+//!   the large groups), data-driven where a table fits.
 //! - [`ctx`]: what a case sees: the target, spawn settings, learned facts, dedicated daemons
 //!   ([`fixtures`]) and once-per-run results.
 //! - [`runner`]: scheduling (`--jobs`, fixtures one case at a time, exclusive cases alone),
 //!   per-case timeouts, progress.
 //! - [`http`], [`sse`], [`target`]: a byte-exact HTTP/1.1 client, timed SSE capture, and the
 //!   checks every case repeats (status, OpenAI error shape).
+//! - [`server`]: readiness through `/readyz`, `/health` or `/v1/models`, and whether the
+//!   server is an inferloopd (cases that need more than OpenAI's API skip on others).
 //! - [`daemon`], [`cgroup`]: starting `inferloopd` on port 0, inside a memory cgroup.
 //! - [`prom`]: a strict Prometheus text parser.
 //! - [`env`], [`report`]: the environment and the three report files.
@@ -29,6 +33,7 @@ pub mod http;
 pub mod prom;
 pub mod report;
 pub mod runner;
+pub mod server;
 pub mod sse;
 pub mod target;
 
@@ -41,6 +46,7 @@ use ctx::{Ctx, Facts, Mode};
 use daemon::SpawnCfg;
 use http::Endpoint;
 use report::{Report, Samples};
+use server::Server;
 use target::Target;
 
 /// Where the daemon under test comes from.
@@ -162,19 +168,23 @@ pub fn run(opts: Options) -> Result<Report, String> {
         }
     };
 
-    // Attached daemons may still be loading.
-    let deadline = Instant::now() + daemon::READY_TIMEOUT;
-    while http::probe_status(&target.ep, "/readyz", Duration::from_secs(5)) != Some(200) {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} never answered GET /readyz with 200",
-                target.ep.url("")
-            ));
+    // Attached servers may still be loading; any OpenAI-compatible one may be attached.
+    let ready_via = server::wait_ready(&target, daemon::READY_TIMEOUT)?;
+    let (server, info) = match mode {
+        // What the suite started is an inferloopd; its /v1/status must answer.
+        Mode::Spawn => {
+            let status = target.status().map_err(stop_text)?;
+            let version = status["version"].as_str().unwrap_or_default().to_string();
+            (Server::inferloopd(&version), status)
         }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        Mode::Attach => server::detect(&target, ready_via),
+    };
+    let target = if server.inferloopd {
+        target
+    } else {
+        target.openai_only()
+    };
     let models = target.get_ok("/v1/models").map_err(stop_text)?;
-    let status = target.status().map_err(stop_text)?;
     let (serve_help, top_help) = match &spawn {
         Some(cfg) => (
             cfg.serve_help(),
@@ -184,26 +194,18 @@ pub fn run(opts: Options) -> Result<Report, String> {
         ),
         None => (String::new(), String::new()),
     };
-    let facts = Facts {
-        model_id: models["data"][0]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        slots: status["slots"]["total"].as_u64().unwrap_or(1),
-        ctx: status["slots"]["ctx_per_slot"].as_u64().unwrap_or(1024),
-        queue: status["queue"]["capacity"].as_u64().unwrap_or(0),
-        version: status["version"].as_str().unwrap_or_default().to_string(),
-        serve_help,
-        top_help,
-    };
-    let ctx = Arc::new(Ctx::new(
-        mode,
-        target,
-        spawn,
-        facts,
-        work.path().to_path_buf(),
-        shared,
-    ));
+    let facts = Facts::learn(&models, &info, serve_help, top_help);
+    let ctx = Arc::new(
+        Ctx::new(
+            mode,
+            target,
+            spawn,
+            facts,
+            work.path().to_path_buf(),
+            shared,
+        )
+        .with_server(server),
+    );
     ctx.note_env("loadavg_at_start", env::loadavg());
     let results = runner::run(
         &ctx,

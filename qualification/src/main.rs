@@ -5,18 +5,23 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use inferloop_qual::report::compare;
 use inferloop_qual::{Options, TargetSpec};
 
 #[derive(Parser)]
 #[command(
     name = "inferloop-qual",
     version,
-    about = "Qualify an inferloopd: 385 checks with stable ids and a report (JSON, Markdown, HTML)"
+    about = "Qualify an inferloopd (or any OpenAI-compatible server): 385 checks with stable ids and a report (JSON, Markdown, HTML)",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
-    /// Test a running daemon at this URL (http://HOST:PORT); cases that must restart or
-    /// reconfigure it are skipped.
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Test a running server at this URL (http://HOST:PORT); cases that must restart or
+    /// reconfigure it are skipped, and on a server that is not an inferloopd so are the
+    /// cases that need more than OpenAI's API.
     #[arg(long, value_name = "URL", conflicts_with = "spawn")]
     base_url: Option<String>,
     /// API key of the running daemon (`Authorization: Bearer KEY`).
@@ -64,8 +69,32 @@ struct Cli {
     quiet: bool,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Print the pass / fail / skip tallies of two or more report.json files side by side,
+    /// group by group, as a Markdown table, then the cases that failed on each.
+    Compare {
+        /// report.json files, one column each (e.g. out/qual/report.json out/qual-peer/report.json).
+        #[arg(required = true, num_args = 2..)]
+        reports: Vec<PathBuf>,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Compare { reports }) = &cli.command {
+        let columns: Result<Vec<_>, _> = reports.iter().map(|p| compare::Column::load(p)).collect();
+        return match columns {
+            Ok(c) => {
+                print!("{}", compare::render(&c));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("inferloop-qual compare: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if cli.list {
         for (id, group, title) in inferloop_qual::list(&cli.filter) {
             println!("{id:<52} {:<12} {title}", group.name());

@@ -147,7 +147,12 @@ pub fn run_one(ctx: &Arc<Ctx>, case: &Arc<Case>, timeout: Option<Duration>) -> C
     let limit = timeout.unwrap_or(case.timeout);
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
-    {
+    if let Some(what) = case.inferloopd_only.filter(|_| !ctx.server.inferloopd) {
+        let _ = tx.send((
+            Err(Stop::skip(crate::server::only_reason(what))),
+            Evidence::default(),
+        ));
+    } else {
         let ctx = ctx.clone();
         let case = case.clone();
         std::thread::Builder::new()

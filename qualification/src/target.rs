@@ -21,11 +21,34 @@ pub const HTTP_TIMEOUT: Duration = Duration::from_secs(200);
 pub struct Target {
     pub ep: Endpoint,
     pub key: Option<String>,
+    /// The server has inferloopd's own routes (`/v1/status`, `/metrics` with its series);
+    /// false for any other OpenAI-compatible server, where asking them skips the case.
+    pub inferloopd: bool,
 }
 
 impl Target {
+    /// An inferloopd at `ep` (see [`Target::openai_only`] for other servers).
     pub fn new(ep: Endpoint, key: Option<String>) -> Target {
-        Target { ep, key }
+        Target {
+            ep,
+            key,
+            inferloopd: true,
+        }
+    }
+
+    /// This target seen as a server that only promises OpenAI's API.
+    pub fn openai_only(mut self) -> Target {
+        self.inferloopd = false;
+        self
+    }
+
+    /// Skips the case with the reason unless the server is an inferloopd.
+    pub fn need_inferloopd(&self, what: &str) -> Result<(), Stop> {
+        if self.inferloopd {
+            Ok(())
+        } else {
+            Err(Stop::skip(crate::server::only_reason(what)))
+        }
     }
 
     /// `req` with the API key (unless it already carries an Authorization header).
@@ -108,10 +131,12 @@ impl Target {
     }
 
     pub fn status(&self) -> Result<Value, Stop> {
+        self.need_inferloopd("/v1/status")?;
         self.get_ok("/v1/status")
     }
 
     pub fn metrics(&self) -> Result<String, Stop> {
+        self.need_inferloopd("/metrics")?;
         let r = self.get("/metrics")?;
         if r.status() != 200 {
             return Err(Stop::fail("GET /metrics answers 200", r.describe()));

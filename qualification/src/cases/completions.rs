@@ -117,7 +117,8 @@ pub fn register(r: &mut Registry) {
             ensure!(v["timings"][k].is_number(), format!("timings.{k}: number"), v["timings"].to_string());
         }
         Ok("present".into())
-    });
+    })
+    .inferloopd_only("timings.queue_ms (llama-server's timings have none)");
     r.add(
         G,
         "completions.timings.match_usage",
@@ -138,7 +139,8 @@ pub fn register(r: &mut Registry) {
             );
             Ok("agree".into())
         },
-    );
+    )
+    .inferloopd_only("timings.prompt_n counting the whole prompt (llama-server counts only tokens it did not cache)");
     r.add(
         G,
         "completions.default_max_tokens_16",

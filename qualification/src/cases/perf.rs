@@ -455,7 +455,8 @@ pub fn register(r: &mut Registry) {
         },
     )
     .exclusive()
-    .timeout_s(300);
+    .timeout_s(300)
+    .inferloopd_only("timings.queue_ms (llama-server's timings have none)");
     r.add(
         G,
         "perf.single.no_stall",

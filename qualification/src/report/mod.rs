@@ -1,6 +1,7 @@
 //! The verdict in three forms: `report.json` (everything, for machines), `report.md` (for a
 //! ticket) and a self-contained `report.html` (inline CSS and SVG, no network).
 
+pub mod compare;
 mod html;
 mod markdown;
 
@@ -155,6 +156,19 @@ pub fn environment_rows(e: &Environment) -> Vec<(&'static str, String)> {
             ),
         ),
         ("perf floors", floors),
+        (
+            "server",
+            format!(
+                "{} (ready via GET {}{})",
+                e.server.name,
+                e.server.ready_via,
+                if e.server.inferloopd {
+                    ""
+                } else {
+                    "; inferloopd-only cases skipped"
+                }
+            ),
+        ),
         ("daemon version", e.daemon_version.clone()),
         (
             "daemon binary",
@@ -259,6 +273,7 @@ mod tests {
             started_utc: "2026-01-01T00:00:00Z".into(),
             mode: "spawn (--spawn)",
             target: "http://127.0.0.1:1".into(),
+            server: crate::server::Server::inferloopd("0.1.0"),
             daemon_version: "0.1.0".into(),
             daemon_binary: None,
             model_id: "m".into(),

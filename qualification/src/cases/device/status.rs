@@ -1,0 +1,68 @@
+//! `device` cases: the `/v1/status` schema.
+
+use super::*;
+
+pub(super) fn register(r: &mut Registry) {
+    // ---- /v1/status ----
+    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared}, memory{fits,required_bytes,terms}, integrity", |c, ev| {
+        let s = c.target.status()?;
+        ev.put("status", s.clone());
+        let checks: [TypeCheck; 19] = [
+            ("/version", Value::is_string),
+            ("/ready", Value::is_boolean),
+            ("/uptime_s", Value::is_number),
+            ("/model/id", Value::is_string),
+            ("/model/n_params", Value::is_u64),
+            ("/slots/total", Value::is_u64),
+            ("/slots/active", Value::is_u64),
+            ("/slots/idle", Value::is_u64),
+            ("/slots/max_active", Value::is_u64),
+            ("/slots/ctx_per_slot", Value::is_u64),
+            ("/queue/depth", Value::is_u64),
+            ("/queue/capacity", Value::is_u64),
+            ("/queue/timeout_ms", Value::is_u64),
+            ("/kv/cells", Value::is_u64),
+            ("/kv/reserved", Value::is_u64),
+            ("/kv/shared", Value::is_boolean),
+            ("/memory/fits", Value::is_boolean),
+            ("/memory/required_bytes", Value::is_u64),
+            ("/integrity", Value::is_object),
+        ];
+        for (path, ok) in checks {
+            let v = s.pointer(path).cloned().unwrap_or(Value::Null);
+            ensure!(ok(&v), format!("{path} of the right type"), v.to_string());
+        }
+        ensure!(s["memory"]["terms"].is_array(), "/memory/terms array", s["memory"].to_string());
+        Ok("schema holds".into())
+    });
+    r.add(G, "device.status.thermal_schema", "/v1/status carries the thermal state and thresholds", "thermal{state ∈ normal|hot|critical, hot_celsius < critical_celsius, hysteresis_celsius ≥ 0, hot_fraction ∈ (0,1], snapshot}", |c, ev| {
+        let s = c.target.status()?;
+        let t = s.get("thermal").cloned().ok_or_else(|| Stop::skip("this daemon's /v1/status has no thermal section"))?;
+        ev.put("thermal", t.clone());
+        ensure!(["normal", "hot", "critical"].contains(&t["state"].as_str().unwrap_or_default()), "state normal|hot|critical", t["state"].to_string());
+        let (hot, crit) = (t["hot_celsius"].as_f64().unwrap_or(f64::NAN), t["critical_celsius"].as_f64().unwrap_or(f64::NAN));
+        ensure!(hot < crit, "hot_celsius < critical_celsius", format!("{hot} vs {crit}"));
+        ensure!(t["hysteresis_celsius"].as_f64().is_some_and(|h| h >= 0.0), "hysteresis ≥ 0", t["hysteresis_celsius"].to_string());
+        ensure!(t["hot_fraction"].as_f64().is_some_and(|f| f > 0.0 && f <= 1.0), "hot_fraction in (0, 1]", t["hot_fraction"].to_string());
+        ensure!(t["snapshot"].is_object(), "a snapshot", t.to_string());
+        Ok(format!("{} (hot {hot}, critical {crit})", t["state"]))
+    });
+    r.add(
+        G,
+        "device.status.uptime_increases",
+        "Uptime moves forward",
+        "uptime_s grows between two reads 200 ms apart",
+        |c, ev| {
+            let a = c.target.status()?["uptime_s"].as_f64().unwrap_or(-1.0);
+            std::thread::sleep(Duration::from_millis(200));
+            let b = c.target.status()?["uptime_s"].as_f64().unwrap_or(-1.0);
+            ev.put("uptime_s", json!([a, b]));
+            ensure!(
+                a > 0.0 && b >= a + 0.15,
+                format!("≥ {:.2}", a + 0.15),
+                format!("{b}")
+            );
+            Ok(format!("{a:.2} → {b:.2}"))
+        },
+    );
+}
