@@ -48,6 +48,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "kv_cells",
     "prefix_cache",
     "prefix_slots",
+    "chat_template",
     "board",
     "sysfs_root",
     "proc_root",
