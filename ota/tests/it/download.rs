@@ -21,24 +21,54 @@ fn hashes_of(bytes: &[u8], dir: &std::path::Path) -> Hashes {
     }
 }
 
+/// The fake server serving `payload()` (shaped by `script`), a scratch directory, and the
+/// hashes and URL a deployment would name.
+struct Setup {
+    data: Vec<u8>,
+    fake: Fake,
+    dir: tempfile::TempDir,
+    hashes: Hashes,
+    url: String,
+}
+
+impl Setup {
+    async fn start(script: Script) -> Self {
+        let data = payload();
+        let fake = Fake::start(Script {
+            artifact: data.clone(),
+            ..script
+        })
+        .await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hashes = hashes_of(&data, dir.path());
+        let url = format!("{}/artifact", fake.url);
+        Self {
+            data,
+            fake,
+            dir,
+            hashes,
+            url,
+        }
+    }
+
+    fn request(&self) -> Request<'_> {
+        Request {
+            url: &self.url,
+            size: Some(self.data.len() as u64),
+            hashes: &self.hashes,
+            dest: self.dir.path().join("b.raucb"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_interrupted_download_resumes_from_the_partial_file_with_range() {
-    let data = payload();
-    let fake = Fake::start(Script {
-        artifact: data.clone(),
+    let t = Setup::start(Script {
         cut_after: Some(100_000),
         ..Script::default()
     })
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let hashes = hashes_of(&data, dir.path());
-    let url = format!("{}/artifact", fake.url);
-    let req = Request {
-        url: &url,
-        size: Some(data.len() as u64),
-        hashes: &hashes,
-        dest: dir.path().join("b.raucb"),
-    };
+    let (data, fake, req) = (&t.data, &t.fake, t.request());
     let http = reqwest::Client::new();
     let err = fetch(&http, &req, |_, _| {}).await.expect_err("cut");
     assert!(matches!(err, OtaError::Interrupted { .. }), "{err:?}");
@@ -48,7 +78,7 @@ async fn an_interrupted_download_resumes_from_the_partial_file_with_range() {
     assert!(kept > 0 && kept <= 100_000, "{kept}");
 
     let path = fetch(&http, &req, |_, _| {}).await.expect("resumed");
-    assert_eq!(std::fs::read(&path).expect("read"), data);
+    assert_eq!(&std::fs::read(&path).expect("read"), data);
     assert!(!partial_path(&req.dest).exists());
     let ranges: Vec<Option<String>> = fake.log().into_iter().map(|r| r.range).collect();
     assert_eq!(ranges, [None, Some(format!("bytes={kept}-"))]);
@@ -60,22 +90,9 @@ async fn an_interrupted_download_resumes_from_the_partial_file_with_range() {
 
 #[tokio::test]
 async fn a_hash_mismatch_deletes_the_file_and_names_the_algorithm() {
-    let data = payload();
-    let fake = Fake::start(Script {
-        artifact: data.clone(),
-        ..Script::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut hashes = hashes_of(&data, dir.path());
-    hashes.sha256 = Some("00".repeat(32));
-    let url = format!("{}/artifact", fake.url);
-    let req = Request {
-        url: &url,
-        size: Some(data.len() as u64),
-        hashes: &hashes,
-        dest: dir.path().join("b.raucb"),
-    };
+    let mut t = Setup::start(Script::default()).await;
+    t.hashes.sha256 = Some("00".repeat(32));
+    let req = t.request();
     let err = fetch(&reqwest::Client::new(), &req, |_, _| {})
         .await
         .expect_err("mismatch");
@@ -90,21 +107,8 @@ async fn a_hash_mismatch_deletes_the_file_and_names_the_algorithm() {
 
 #[tokio::test]
 async fn a_partial_file_longer_than_the_artifact_starts_over() {
-    let data = payload();
-    let fake = Fake::start(Script {
-        artifact: data.clone(),
-        ..Script::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let hashes = hashes_of(&data, dir.path());
-    let url = format!("{}/artifact", fake.url);
-    let req = Request {
-        url: &url,
-        size: Some(data.len() as u64),
-        hashes: &hashes,
-        dest: dir.path().join("b.raucb"),
-    };
+    let t = Setup::start(Script::default()).await;
+    let (data, fake, req) = (&t.data, &t.fake, t.request());
     std::fs::write(partial_path(&req.dest), vec![0u8; data.len() + 10]).expect("write");
     fetch(&reqwest::Client::new(), &req, |_, _| {})
         .await
@@ -119,21 +123,8 @@ async fn a_partial_file_longer_than_the_artifact_starts_over() {
 #[tokio::test]
 async fn a_stale_partial_that_is_no_prefix_fails_the_hash_and_is_removed() {
     // The server's file changed between two tries: the resumed bytes do not add up.
-    let data = payload();
-    let fake = Fake::start(Script {
-        artifact: data.clone(),
-        ..Script::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let hashes = hashes_of(&data, dir.path());
-    let url = format!("{}/artifact", fake.url);
-    let req = Request {
-        url: &url,
-        size: Some(data.len() as u64),
-        hashes: &hashes,
-        dest: dir.path().join("b.raucb"),
-    };
+    let t = Setup::start(Script::default()).await;
+    let req = t.request();
     std::fs::write(partial_path(&req.dest), vec![0xAAu8; 1000]).expect("write");
     let err = fetch(&reqwest::Client::new(), &req, |_, _| {})
         .await
