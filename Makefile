@@ -85,7 +85,7 @@ GOLDEN_ARGS ?=
 .PHONY: golden
 golden: model-q8
 	mkdir -p out
-	./$(BIN) golden --model $(MODEL_Q8) --prompts bench/golden-prompts.txt --json $(GOLDEN_ARGS) > out/golden.json
+	./$(BIN) golden --model $(MODEL_Q8) --prompts bench/golden-prompts.txt --noise-floor --json $(GOLDEN_ARGS) > out/golden.json
 	cat out/golden.json
 
 build: deps

@@ -9,6 +9,12 @@
 //! the same tokens, teacher-forced, and returns the logits of every position too. The
 //! comparison per position: whether both put the same token first, KL(p_llama ‖ p_native)
 //! with both softmaxes in f64, and the largest absolute logit difference.
+//!
+//! `--noise-floor` measures what those numbers mean: llama.cpp's own two attention paths
+//! (flash attention, which accumulates V in f16, and the plain one) on the same tokens,
+//! compared the same way. On the default model they differ at a few percent of positions
+//! (near ties, where any rounding decides): agreement with llama.cpp cannot be judged finer
+//! than llama.cpp agrees with itself.
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -42,6 +48,11 @@ pub struct Request {
     pub raw: bool,
     /// Threads for llama.cpp and for the native matmuls alike.
     pub threads: usize,
+    /// What the native linear layers multiply with: Q8 (llama.cpp's numerics on Q8_0
+    /// weights) or F32 (its numerics on f32 weights, for `reference`).
+    pub activations: native::Activations,
+    /// Also compare llama.cpp with flash attention against llama.cpp without it.
+    pub noise_floor: bool,
 }
 
 /// The comparison over every position of every prompt.
@@ -66,6 +77,20 @@ pub struct Report {
     pub worst: Option<Worst>,
     pub llama_seconds: f64,
     pub native_seconds: f64,
+    /// With `--noise-floor`: llama.cpp without flash attention against llama.cpp with it,
+    /// over the same positions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llama_noise_floor: Option<NoiseFloor>,
+}
+
+/// llama.cpp against itself: the same comparison between its two attention paths.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct NoiseFloor {
+    pub top1_agreement: f64,
+    pub top1_disagreements: usize,
+    pub mean_kl: f64,
+    pub max_kl: f64,
+    pub max_abs_logit_diff: f64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -90,7 +115,15 @@ impl Report {
             self.max_abs_logit_diff,
             self.llama_seconds,
             self.native_seconds
-        )
+        ) + &self.llama_noise_floor.map_or_else(String::new, |f| {
+            format!(
+                "; llama.cpp against itself (flash attention off vs on): top-1 agreement \
+                 {:.2}% ({} differ), mean KL {:.2e}",
+                100.0 * f.top1_agreement,
+                f.top1_disagreements,
+                f.mean_kl
+            )
+        })
     }
 }
 
@@ -194,6 +227,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
             source,
         }
     })?;
+    native.set_activations(req.activations);
     if native.hparams().n_vocab != n_vocab {
         return Err(GoldenError::NativeLoad {
             path: req.model.clone(),
@@ -213,6 +247,21 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         .with_n_ubatch(n_ctx_u32)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
+    // The reference keeps llama.cpp's default (flash attention where the CPU backend has it);
+    // the noise floor's context turns it off.
+    let mut floor_ctx = if req.noise_floor {
+        let plain = params
+            .clone()
+            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED);
+        Some(
+            llama
+                .llama()
+                .new_context(llama.backend(), plain)
+                .map_err(|e| EngineError::Context(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let mut ctx = llama
         .llama()
         .new_context(llama.backend(), params)
@@ -220,6 +269,8 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
     let vocab = llama.llama().vocab();
 
     let mut stats = Stats::default();
+    let mut floor = Stats::default();
+    let mut floor_logits: Vec<f32> = Vec::new();
     let mut seen: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
     let (mut llama_seconds, mut native_seconds) = (0.0, 0.0);
     let mut batch = LlamaBatch::new(n_ctx, 1);
@@ -261,6 +312,23 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
             tokens.push(next);
         }
         llama_seconds += started.elapsed().as_secs_f64();
+
+        // llama.cpp without flash attention, the whole sequence in one batch.
+        if let Some(fctx) = floor_ctx.as_mut() {
+            fctx.clear_kv_cache();
+            batch.clear();
+            for (pos, &t) in tokens.iter().enumerate() {
+                batch
+                    .add(LlamaToken(t), pos as i32, &[0], true)
+                    .map_err(|e| decode_err(e.to_string()))?;
+            }
+            fctx.decode(&mut batch)
+                .map_err(|e| decode_err(e.to_string()))?;
+            floor_logits.clear();
+            for i in 0..tokens.len() {
+                floor_logits.extend_from_slice(fctx.get_logits_ith(i as i32));
+            }
+        }
 
         // Native: the same tokens, teacher-forced, logits for every position.
         let started = Instant::now();
@@ -317,6 +385,16 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
                 "position"
             );
         }
+        if floor_ctx.is_some() {
+            for (pos, (a, b)) in llama_logits
+                .chunks_exact(n_vocab)
+                .zip(floor_logits.chunks_exact(n_vocab))
+                .enumerate()
+                .skip(shared)
+            {
+                floor.add(a, b, index, pos);
+            }
+        }
         seen.push(tokens.clone());
         tracing::debug!(
             line = line.number,
@@ -325,7 +403,18 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
             "compared"
         );
     }
-    Ok(stats.report(prompts.len(), llama_seconds, native_seconds))
+    let mut report = stats.report(prompts.len(), llama_seconds, native_seconds);
+    if floor_ctx.is_some() {
+        let f = floor.report(prompts.len(), 0.0, 0.0);
+        report.llama_noise_floor = Some(NoiseFloor {
+            top1_agreement: f.top1_agreement,
+            top1_disagreements: f.top1_disagreements,
+            mean_kl: f.mean_kl,
+            max_kl: f.max_kl,
+            max_abs_logit_diff: f.max_abs_logit_diff,
+        });
+    }
+    Ok(report)
 }
 
 fn read_prompts(path: &Path) -> Result<Vec<Line>, GoldenError> {
@@ -444,6 +533,7 @@ impl Stats {
             worst: self.worst,
             llama_seconds,
             native_seconds,
+            llama_noise_floor: None,
         }
     }
 }

@@ -67,12 +67,27 @@ struct GoldenArgs {
     /// dequantized to F32.
     #[arg(long, value_name = "GGUF")]
     reference: Option<PathBuf>,
+    /// What the native linear layers multiply with: `q8` quantizes the inputs as llama.cpp
+    /// does for Q8_0 weights; `f32` keeps them, as llama.cpp does for f32 weights (use it
+    /// with an F32 --reference).
+    #[arg(long, value_enum, default_value_t = GoldenActivations::Q8)]
+    activations: GoldenActivations,
+    /// Also report llama.cpp against itself (flash attention off vs on) on the same tokens:
+    /// the agreement a reimplementation can be judged by.
+    #[arg(long)]
+    noise_floor: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
     /// Threads for llama.cpp and the native matmuls (default: one per CPU).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum GoldenActivations {
+    Q8,
+    F32,
 }
 
 #[derive(clap::Args)]
@@ -329,6 +344,11 @@ fn golden(args: GoldenArgs) -> ExitCode {
         continue_tokens: args.continue_tokens,
         raw: args.raw,
         threads,
+        activations: match args.activations {
+            GoldenActivations::Q8 => inferloopd::engine::native::Activations::Q8,
+            GoldenActivations::F32 => inferloopd::engine::native::Activations::F32,
+        },
+        noise_floor: args.noise_floor,
     };
     let report = match golden::run(&request) {
         Ok(r) => r,

@@ -1,12 +1,13 @@
-//! Twin of `kernels/quantize.cu`: f32 activations into blocks of 32 int8 with one f32 scale
-//! (ggml's q8_1 without the block sum, which Q8_0 weights never need), the input of the
-//! Q8_0 GEMM.
+//! Twin of `kernels/quantize.cu`: f32 activations into blocks of 32 int8 with one scale (an
+//! f16 value kept as f32), the input of the Q8_0 GEMM: ggml's `block_q8_0`, which llama.cpp's
+//! CPU matmuls quantize activations into for Q8_0 weights.
 //!
 //! Layout, planar as on the GPU: `q[32b + i]` is element `i` of block `b`, `d[b]` its scale;
 //! rows are consecutive, so `rows x k` values make `rows * k / 32` blocks.
 //!
 //! Per block: `amax = max |x|`, `d = amax / 127`, `id = d != 0 ? 1 / d : 0`,
-//! `q = round(x * id)` (half away from zero, as `roundf`). Each step is one correctly rounded
+//! `q = round(x * id)` (half away from zero, as `roundf`), then `d` rounded to f16 (the
+//! quants keep the unrounded `id`, as in ggml). Each step is one correctly rounded
 //! IEEE operation on both sides, and the maximum does not depend on order, so every path
 //! here equals the kernel bit for bit (for finite inputs).
 
@@ -100,6 +101,8 @@ pub fn quantize_into(isa: Isa, x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result
             Isa::Neon => unsafe { block_neon(xb, qb) },
             _ => block_scalar(xb, qb),
         };
+        // Stored as f16, as ggml stores it; the quants above used the unrounded inverse.
+        *db = half::f16::from_f32(*db).to_f32();
     }
     Ok(())
 }

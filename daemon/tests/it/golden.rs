@@ -71,6 +71,7 @@ fn golden_native_against_llama_cpp_on_the_q8_0_model_meets_the_issue_targets() {
         "12",
         "--threads",
         "2",
+        "--noise-floor",
         "--json",
     ]);
     let took = started.elapsed();
@@ -86,16 +87,22 @@ fn golden_native_against_llama_cpp_on_the_q8_0_model_meets_the_issue_targets() {
     };
     assert!(num("positions") >= 500.0, "{report}");
     assert!(num("mean_kl") <= 0.01, "{report}");
-    // The issue asks for 99%; 96.4% is what an exact forward reaches against llama.cpp on
-    // Q8_0, whose CPU matmuls round the activations to 8 bits (every disagreement is a near
-    // tie, under 0.1 logit). The exactness check is the f32 test below.
+    // The issue asks for 99% top-1 agreement, but llama.cpp's own two attention paths agree
+    // on only ~97% of these positions (near ties that any rounding decides): the native
+    // pass must agree with llama.cpp as well as llama.cpp agrees with itself.
+    let floor = &report["llama_noise_floor"];
+    let floor_top1 = floor["top1_agreement"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no noise floor in {report}"));
+    assert!(floor_top1 > 0.9 && floor_top1 < 1.0, "{report}");
+    assert!(num("top1_agreement") >= floor_top1 - 0.01, "{report}");
     assert!(num("top1_agreement") >= 0.95, "{report}");
 }
 
 #[test]
 fn golden_native_matches_llama_cpp_reading_the_same_weights_in_f32() {
-    // The same Q8_0 weights dequantized to f32: llama.cpp then computes in f32 as the native
-    // twin does, so the two must agree to rounding.
+    // The same Q8_0 weights dequantized to f32: llama.cpp then computes in f32, as the native
+    // twin does with f32 activations, so the two must agree to rounding.
     let model = q8_model();
     let f32_model = model.with_extension("f32.gguf");
     if !f32_model.is_file() {
@@ -120,6 +127,8 @@ fn golden_native_matches_llama_cpp_reading_the_same_weights_in_f32() {
         path_str(&model),
         "--reference",
         path_str(&f32_model),
+        "--activations",
+        "f32",
         "--prompts",
         PROMPTS,
         "--continue",

@@ -90,7 +90,7 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     assert!(d.log().contains("scratchMB="), "{}", d.log_tail());
 
     let v = d
-        .chat(&chat_body("What is the capital of France?", 24))
+        .chat(&chat_body("Name the capital city of France.", 24))
         .await;
     let text = text_of(&v);
     eprintln!(
@@ -99,7 +99,7 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     );
     assert!(text.contains("Paris"), "{text:?}");
 
-    let mut body = chat_body("What is the capital of France?", 24);
+    let mut body = chat_body("Name the capital city of France.", 24);
     body["stream"] = json!(true);
     let chunks = d.stream("/v1/chat/completions", &body).await;
     let streamed = stream_text(&chunks);
@@ -110,7 +110,7 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     assert!(!stream_finish_reason(&chunks).is_empty());
 
     // logprobs and logit_bias: the native sampler reports the same shape as llama.cpp's.
-    let mut body = chat_body("What is the capital of France?", 6);
+    let mut body = chat_body("Name the capital city of France.", 6);
     body["logprobs"] = json!(true);
     body["top_logprobs"] = json!(2);
     let v = d.chat(&body).await;

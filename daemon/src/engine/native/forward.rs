@@ -1,9 +1,12 @@
 //! The forward pass: a batch of `(seq, token, pos)` through every layer, logits for the
 //! tokens that ask for them.
 //!
-//! The batch goes through the model in passes of at most [`UBATCH`] tokens, each a GEMV of
-//! that many columns (the CUDA kernel's most per launch), so the weights are read once per
-//! pass. Within a pass every layer first writes the K and V of all its tokens into the cache,
+//! The batch goes through the model in passes of at most [`UBATCH`] tokens, so the weights
+//! are read once per pass. By default ([`Activations::Q8`]) every linear layer quantizes its
+//! input to 8-bit blocks and runs the Q8_0 GEMM, as llama.cpp's CPU matmuls do for Q8_0
+//! weights (same rounding, f16 block scales included), so the golden check compares like
+//! with like; [`Activations::F32`] runs the GEMV on f32 inputs instead, which equals
+//! llama.cpp reading the same weights dequantized to f32. Within a pass every layer first writes the K and V of all its tokens into the cache,
 //! then runs attention per token over positions `0..=pos` of its sequence: a prompt chunk's
 //! token sees the chunk's earlier tokens, which are already stored, and no later one. Each
 //! column's arithmetic does not depend on the others, so a token's logits are the same bits
@@ -12,19 +15,32 @@
 use inferloop_kernels::cpu::attention::{attention_decode, AttnShape, CHUNK};
 use inferloop_kernels::cpu::elementwise::{add_inplace, silu_mul};
 use inferloop_kernels::cpu::embed::embed;
-use inferloop_kernels::cpu::gemv::{gemv, MAX_COLS};
+use inferloop_kernels::cpu::gemm::gemm;
+use inferloop_kernels::cpu::gemv::{gemv, ShapeError, MAX_COLS};
+use inferloop_kernels::cpu::quantize::{quantize_into, Q8Act};
 use inferloop_kernels::cpu::rmsnorm::{rmsnorm, rmsnorm_inplace};
 use inferloop_kernels::cpu::rope::{rope_inplace, Rope};
 use inferloop_kernels::cpu::simd::Isa;
+use inferloop_kernels::q8::{Q8Matrix, QK};
 
 use super::hparams::HParams;
 use super::kv::KvCache;
 use super::weights::Weights;
 use super::NativeError;
 
-/// Tokens per pass through the layers. A prefill path on GEMM (activations quantized once
-/// per pass, `cpu::gemm`) would raise this to the prefill chunk for prompt passes.
+/// Tokens per pass through the layers (the CUDA GEMV's columns per launch).
 pub const UBATCH: usize = MAX_COLS;
+
+/// What the linear layers multiply the weights with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// Inputs quantized to Q8_0 blocks, then the int8 GEMM (`dp4a` on the GPU): llama.cpp's
+    /// own numerics for Q8_0 weights.
+    #[default]
+    Q8,
+    /// Inputs kept in f32, the GEMV: the numerics of f32 weights.
+    F32,
+}
 
 /// One token of a batch: fed to sequence `seq` at position `pos`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +58,7 @@ pub struct Model<'a> {
     kv: KvCache,
     isa: Isa,
     threads: usize,
+    activations: Activations,
     s: Scratch,
     logits: Vec<f32>,
     /// Per sequence, during a batch: its length once the batch is stored, and its first
@@ -65,6 +82,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
+    /// The quantized input of the matmuls, sized once for the widest (`n_ff`).
+    qa: Q8Act,
     tokens: Vec<i32>,
     pos: Vec<i32>,
 }
@@ -83,6 +102,12 @@ impl Scratch {
             gate: rows(hp.n_ff),
             up: rows(hp.n_ff),
             act: rows(hp.n_ff),
+            qa: Q8Act {
+                q: Vec::with_capacity(UBATCH * hp.n_ff.max(hp.n_embd).max(hp.q_dim())),
+                d: Vec::with_capacity(UBATCH * hp.n_ff.max(hp.n_embd).max(hp.q_dim()) / QK),
+                rows: 0,
+                k: 0,
+            },
             tokens: vec![0; UBATCH],
             pos: vec![0; UBATCH],
         }
@@ -124,6 +149,7 @@ impl<'a> Model<'a> {
             s: Scratch::new(&hp),
             isa: Isa::detect(),
             threads: threads.max(1),
+            activations: Activations::default(),
             logits: Vec::new(),
             next_len: vec![0; n_seq],
             first_pos: vec![None; n_seq],
@@ -157,6 +183,10 @@ impl<'a> Model<'a> {
 
     pub fn set_threads(&mut self, threads: usize) {
         self.threads = threads.max(1);
+    }
+
+    pub fn set_activations(&mut self, activations: Activations) {
+        self.activations = activations;
     }
 
     /// Feeds `batch` and returns the logits of the tokens whose `want_logits` entry is set:
@@ -267,11 +297,17 @@ impl<'a> Model<'a> {
             kv,
             isa,
             threads,
+            activations,
             s,
             logits,
             ..
         } = self;
         let (isa, threads, n) = (*isa, *threads, toks.len());
+        let mm = Matmul {
+            isa,
+            threads,
+            activations: *activations,
+        };
         let (e, qd, kvd, ff, eps) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff, hp.rms_eps);
         for (i, t) in toks.iter().enumerate() {
             s.tokens[i] = t.token;
@@ -287,6 +323,7 @@ impl<'a> Model<'a> {
             &mut s.up[..n * ff],
             &mut s.act[..n * ff],
         );
+        let qa = &mut s.qa;
         let (rope_q, rope_k): (Rope, Rope) = (hp.rope(hp.n_head), hp.rope(hp.n_head_kv));
         let shape = AttnShape {
             n_seq: 1,
@@ -298,12 +335,16 @@ impl<'a> Model<'a> {
 
         embed(&w.token_embd, tokens, x).map_err(op(None, "token_embd"))?;
         for (l, ly) in w.layers.iter().enumerate() {
-            // Attention. (A prompt pass of more than MAX_COLS tokens would quantize `xn`
-            // once and run GEMM for Q, K, V here, and for gate and up below.)
+            // Attention: `xn` quantized once for Q, K and V.
             rmsnorm(isa, x, &ly.attn_norm, eps, xn).map_err(op(Some(l), "attn_norm"))?;
-            gemv(isa, threads, &ly.wq, xn, n, q).map_err(op(Some(l), "attn_q"))?;
-            gemv(isa, threads, &ly.wk, xn, n, k).map_err(op(Some(l), "attn_k"))?;
-            gemv(isa, threads, &ly.wv, xn, n, v).map_err(op(Some(l), "attn_v"))?;
+            mm.input(xn, n, qa)
+                .map_err(op(Some(l), "attn_norm quantize"))?;
+            mm.run(&ly.wq, xn, n, qa, q)
+                .map_err(op(Some(l), "attn_q"))?;
+            mm.run(&ly.wk, xn, n, qa, k)
+                .map_err(op(Some(l), "attn_k"))?;
+            mm.run(&ly.wv, xn, n, qa, v)
+                .map_err(op(Some(l), "attn_v"))?;
             for (y, b, width, name) in [
                 (&mut *q, &ly.bq, qd, "attn_q.bias"),
                 (&mut *k, &ly.bk, kvd, "attn_k.bias"),
@@ -337,15 +378,25 @@ impl<'a> Model<'a> {
                 )
                 .map_err(op(Some(l), "attention"))?;
             }
-            gemv(isa, threads, &ly.wo, attn, n, o).map_err(op(Some(l), "attn_output"))?;
+            mm.input(attn, n, qa)
+                .map_err(op(Some(l), "attention quantize"))?;
+            mm.run(&ly.wo, attn, n, qa, o)
+                .map_err(op(Some(l), "attn_output"))?;
             add_inplace(x, o).map_err(op(Some(l), "attention residual"))?;
 
             // Feed-forward (SwiGLU).
             rmsnorm(isa, x, &ly.ffn_norm, eps, xn).map_err(op(Some(l), "ffn_norm"))?;
-            gemv(isa, threads, &ly.ffn_gate, xn, n, gate).map_err(op(Some(l), "ffn_gate"))?;
-            gemv(isa, threads, &ly.ffn_up, xn, n, up).map_err(op(Some(l), "ffn_up"))?;
+            mm.input(xn, n, qa)
+                .map_err(op(Some(l), "ffn_norm quantize"))?;
+            mm.run(&ly.ffn_gate, xn, n, qa, gate)
+                .map_err(op(Some(l), "ffn_gate"))?;
+            mm.run(&ly.ffn_up, xn, n, qa, up)
+                .map_err(op(Some(l), "ffn_up"))?;
             silu_mul(gate, up, act).map_err(op(Some(l), "silu_mul"))?;
-            gemv(isa, threads, &ly.ffn_down, act, n, o).map_err(op(Some(l), "ffn_down"))?;
+            mm.input(act, n, qa)
+                .map_err(op(Some(l), "silu_mul quantize"))?;
+            mm.run(&ly.ffn_down, act, n, qa, o)
+                .map_err(op(Some(l), "ffn_down"))?;
             add_inplace(x, o).map_err(op(Some(l), "ffn residual"))?;
         }
 
@@ -360,17 +411,49 @@ impl<'a> Model<'a> {
         }
         let xo = &mut xn[..m * e];
         rmsnorm_inplace(isa, xo, &w.output_norm, eps).map_err(op(None, "output_norm"))?;
+        mm.input(xo, m, qa)
+            .map_err(op(None, "output_norm quantize"))?;
         let nv = hp.n_vocab;
-        gemv(
-            isa,
-            threads,
-            &w.output,
-            xo,
-            m,
-            &mut logits[row * nv..(row + m) * nv],
-        )
-        .map_err(op(None, "output"))?;
+        mm.run(&w.output, xo, m, qa, &mut logits[row * nv..(row + m) * nv])
+            .map_err(op(None, "output"))?;
         Ok(())
+    }
+}
+
+/// The linear layers of one pass: [`Matmul::input`] once per input (it quantizes it for
+/// [`Activations::Q8`]), then [`Matmul::run`] for each weight that reads it.
+struct Matmul {
+    isa: Isa,
+    threads: usize,
+    activations: Activations,
+}
+
+impl Matmul {
+    /// Prepares the `n` rows of `x` in `a`, reusing its buffers (no allocation once they
+    /// have held the widest input).
+    fn input(&self, x: &[f32], n: usize, a: &mut Q8Act) -> Result<(), ShapeError> {
+        if self.activations == Activations::F32 {
+            return Ok(());
+        }
+        a.q.resize(x.len(), 0);
+        a.d.resize(x.len() / QK, 0.0);
+        (a.rows, a.k) = (n, x.len() / n.max(1));
+        quantize_into(self.isa, x, &mut a.q, &mut a.d)
+    }
+
+    /// `y = W . x` for the input last prepared: `x` itself in f32, `a` quantized.
+    fn run(
+        &self,
+        w: &Q8Matrix,
+        x: &[f32],
+        n: usize,
+        a: &Q8Act,
+        y: &mut [f32],
+    ) -> Result<(), ShapeError> {
+        match self.activations {
+            Activations::Q8 => gemm(self.isa, self.threads, w, a, y),
+            Activations::F32 => gemv(self.isa, self.threads, w, x, n, y),
+        }
     }
 }
 

@@ -26,7 +26,7 @@ pub mod weights;
 mod tests;
 
 pub use backend::NativeBackend;
-pub use forward::{BatchToken, Model};
+pub use forward::{Activations, BatchToken, Model};
 pub use gguf::open_model;
 pub use hparams::{Arch, HParams, Metadata};
 pub use kv::KvCache;
