@@ -207,7 +207,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
                 role: "user".into(),
                 content: line.text.clone(),
             };
-            llama.chat_prompt(&[turn], limit, &gone)
+            llama.chat_prompt(&[turn], None, limit, &gone)
         }
         .map_err(|e| GoldenError::Tokenize {
             path: req.prompts.clone(),

@@ -5,6 +5,8 @@
 //! - [`config`]: serve settings from file, flags and environment, checked as a whole.
 //! - [`http`]: routes, OpenAI wire types, errors, SSE; nothing below it knows HTTP.
 //! - [`validate`]: wire request → [`validate::ValidRequest`]; bad input stops here.
+//! - [`tools`]: tool calls in the Hermes form: the system text, the grammar that forces a
+//!   call, the parser of the model's text (whole or streamed).
 //! - [`engine`]: the loaded model, the scheduler state and the decode thread
 //!   (continuous batching over one llama.cpp context).
 //! - [`ledger`]: the memory ledger (GGUF header → bytes per term) and the limits it
@@ -33,4 +35,5 @@ pub mod notify;
 pub mod quantize;
 pub mod server;
 pub mod thermal;
+pub mod tools;
 pub mod validate;

@@ -4,6 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::engine::constraint::Grammar;
 use crate::engine::logprobs::MAX_TOP_LOGPROBS;
 use crate::engine::model::ChatTurn;
 use crate::engine::SamplingParams;
@@ -11,6 +12,7 @@ use crate::http::wire::{
     ChatCompletionRequest, CompletionRequest, MessageContent, PromptField, StopField,
     StreamOptions, WireSampling,
 };
+use crate::tools::{self, Tool, ToolChoice, ToolUse};
 
 /// The legacy completions endpoint's `logprobs` limit, as OpenAI sets it.
 const MAX_COMPLETION_LOGPROBS: u32 = 5;
@@ -60,6 +62,11 @@ pub struct ValidRequest {
     pub echo: bool,
     /// Raw prompts only: special-token text becomes control tokens (an explicit opt-in).
     pub parse_special: bool,
+    /// What the output must match (`response_format`, a forced tool call); compiled
+    /// against the model's vocabulary once the model is known.
+    pub grammar: Option<Grammar>,
+    /// The tools the model may call; its output is then parsed for calls.
+    pub tools: Option<ToolUse>,
 }
 
 /// Parses a JSON body, naming the offending field on a type error.
@@ -167,6 +174,27 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
                 ))
             }
         };
+        let calls = match (role, m.tool_calls) {
+            (_, None) => String::new(),
+            ("assistant", Some(calls)) => tools::hermes_text(
+                &calls
+                    .into_iter()
+                    .map(|c| (c.function.name, c.function.arguments))
+                    .collect::<Vec<_>>(),
+            ),
+            (_, Some(_)) => {
+                return Err(InvalidRequest::field(
+                    &format!("messages[{i}].tool_calls"),
+                    "is only allowed on assistant messages",
+                ))
+            }
+        };
+        if role == "tool" && m.tool_call_id.is_none() {
+            return Err(InvalidRequest::field(
+                &format!("messages[{i}].tool_call_id"),
+                "is required on tool messages",
+            ));
+        }
         let content = match m.content {
             None if role == "assistant" => String::new(),
             None => {
@@ -204,6 +232,12 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
                 "must not contain NUL characters",
             ));
         }
+        // Earlier calls go back in the form the model writes them (see `tools`).
+        let content = match (content.is_empty(), calls.is_empty()) {
+            (_, true) => content,
+            (true, false) => calls,
+            (false, false) => format!("{content}\n{calls}"),
+        };
         turns.push(ChatTurn {
             role: role.to_string(),
             content,
@@ -215,6 +249,24 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         (None, None) => None,
     };
     let stream = req.stream.unwrap_or(false);
+    let tools = tool_use(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    let format = response_format(req.response_format.as_ref())?;
+    let forced = tools.as_ref().and_then(ToolUse::grammar);
+    let grammar = match (format, forced) {
+        (Some(_), Some(_)) => {
+            return Err(InvalidRequest::field(
+                "response_format",
+                "cannot be combined with a `tool_choice` that forces a call",
+            ))
+        }
+        (Some(g), None) => Some(g),
+        (None, Some(lark)) => Some(Grammar::Lark(lark)),
+        (None, None) => None,
+    };
     Ok(ValidRequest {
         model: req.model,
         input: Input::Chat(turns),
@@ -225,6 +277,8 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         stream,
         echo: false,
         parse_special: false,
+        grammar,
+        tools,
     })
 }
 
@@ -283,7 +337,186 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         stream,
         echo: req.echo.unwrap_or(false),
         parse_special: req.parse_special.unwrap_or(false),
+        grammar: None,
+        tools: None,
     })
+}
+
+/// `response_format`: `text` (nothing), `json_object` (any JSON object) or `json_schema`
+/// (`{"name", "schema", "strict"}`; the schema is always enforced, `strict` or not).
+/// Whether llguidance can compile the schema is known once the model is (a 400 then too).
+fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, InvalidRequest> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let kind = v
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| InvalidRequest::field("response_format.type", "is required"))?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))),
+        "json_schema" => {
+            let js = v.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| {
+                InvalidRequest::field("response_format.json_schema", "must be an object")
+            })?;
+            match js.get("name") {
+                Some(Value::String(n)) if valid_name(n) => {}
+                _ => {
+                    return Err(InvalidRequest::field(
+                        "response_format.json_schema.name",
+                        "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
+                    ))
+                }
+            }
+            if js.get("strict").is_some_and(|s| !s.is_null() && !s.is_boolean()) {
+                return Err(InvalidRequest::field(
+                    "response_format.json_schema.strict",
+                    "must be a boolean",
+                ));
+            }
+            match js.get("schema") {
+                None | Some(Value::Null) => Ok(Some(Grammar::JsonSchema(serde_json::json!({})))),
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(Grammar::JsonSchema(schema.clone())))
+                }
+                Some(_) => Err(InvalidRequest::field(
+                    "response_format.json_schema.schema",
+                    "must be a JSON schema object",
+                )),
+            }
+        }
+        other => Err(InvalidRequest::field(
+            "response_format.type",
+            format!("must be one of text, json_object, json_schema (got `{other}`)"),
+        )),
+    }
+}
+
+/// OpenAI's rule for function and schema names.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`. `None` when no tool may be called
+/// (no tools, or `tool_choice: "none"`): the tools are then not shown to the model.
+fn tool_use(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolUse>, InvalidRequest> {
+    let list = match tools.filter(|t| !t.is_null()) {
+        None => &[][..],
+        Some(Value::Array(a)) => &a[..],
+        Some(_) => return Err(InvalidRequest::field("tools", "must be an array")),
+    };
+    let mut parsed: Vec<Tool> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let kind = t.get("type").and_then(Value::as_str);
+        if kind != Some("function") {
+            return Err(InvalidRequest::field(
+                &format!("tools[{i}].type"),
+                "must be `function` (the only tool type this server supports)",
+            ));
+        }
+        let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
+            InvalidRequest::field(&format!("tools[{i}].function"), "must be an object")
+        })?;
+        let name = match f.get("name") {
+            Some(Value::String(n)) if valid_name(n) => n.clone(),
+            _ => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.name"),
+                    "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
+                ))
+            }
+        };
+        if parsed.iter().any(|p| p.name == name) {
+            return Err(InvalidRequest::field(
+                &format!("tools[{i}].function.name"),
+                format!("`{name}` names two tools"),
+            ));
+        }
+        let description = match f.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(_) => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.description"),
+                    "must be a string",
+                ))
+            }
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.parameters"),
+                    "must be a JSON schema object",
+                ))
+            }
+        };
+        parsed.push(Tool {
+            name,
+            description,
+            parameters,
+        });
+    }
+    let choice = match choice.filter(|c| !c.is_null()) {
+        None if parsed.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(InvalidRequest::field(
+                    "tool_choice",
+                    format!(
+                        "must be none, auto, required or {{\"type\": \"function\", \"function\": \
+                         {{\"name\": …}}}} (got `{other}`)"
+                    ),
+                ))
+            }
+        },
+        Some(obj) => {
+            let name = obj
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| obj.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    InvalidRequest::field(
+                        "tool_choice",
+                        "must be none, auto, required or {\"type\": \"function\", \
+                         \"function\": {\"name\": …}}",
+                    )
+                })?;
+            if !parsed.iter().any(|t| t.name == name) {
+                return Err(InvalidRequest::field(
+                    "tool_choice.function.name",
+                    format!("`{name}` is not one of `tools`"),
+                ));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+    };
+    if parsed.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Auto) {
+        return Err(InvalidRequest::field(
+            "tool_choice",
+            "needs `tools`: there is no tool to call",
+        ));
+    }
+    Ok((choice != ToolChoice::None).then(|| ToolUse {
+        tools: parsed,
+        choice,
+        parallel: parallel.unwrap_or(true),
+    }))
 }
 
 /// A field OpenAI defines and this server does not implement.
@@ -295,7 +528,7 @@ fn unsupported(param: &str, what: &str) -> InvalidRequest {
 /// not implement: each is refused by name unless its value asks for nothing. `user`,
 /// `metadata`, `safety_identifier` and `prompt_cache_key` only label a request, so they
 /// are ignored, as unknown fields are. `tools`, `tool_choice`, `parallel_tool_calls` and
-/// `response_format` are not decided here.
+/// `response_format` are checked by [`tool_use`] and [`response_format`].
 fn unsupported_chat(req: &ChatCompletionRequest) -> Result<(), InvalidRequest> {
     let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
     if given(&req.audio) {

@@ -244,6 +244,11 @@ fn build_sampler(p: &SamplingParams, n_vocab: i32) -> LlamaSampler {
             p.presence_penalty,
         ));
     }
+    // After the bias and penalties, before truncation: top-k and top-p then choose among
+    // the tokens the grammar allows, never among ones it would mask afterwards.
+    if let Some(c) = &p.constraint {
+        chain.push(c.sampler());
+    }
     if p.temperature <= 0.0 {
         chain.push(LlamaSampler::greedy());
     } else {

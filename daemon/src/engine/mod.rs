@@ -7,6 +7,7 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
+pub mod constraint;
 #[cfg(test)]
 mod fake;
 mod llama;
@@ -90,6 +91,8 @@ pub struct SamplingParams {
     /// `Some(n)`: report each sampled token's log-probability and the `n` most likely
     /// tokens at its position. `None` costs nothing.
     pub logprobs: Option<u8>,
+    /// A grammar the output must match (`response_format`, a forced tool call), compiled.
+    pub constraint: Option<constraint::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -105,6 +108,7 @@ impl Default for SamplingParams {
             seed: 0,
             logit_bias: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -125,6 +129,8 @@ pub struct GenerationRequest {
 pub enum FinishReason {
     Stop,
     Length,
+    /// Set by the HTTP layer when the output it parsed holds tool calls.
+    ToolCalls,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
 use super::template::{ChatTemplate, JinjaTemplate};
+use super::constraint::{Compiler, Constraint, Grammar};
+use crate::tools::ToolUse;
 use super::EngineError;
 
 /// Facts about the model that the API and status routes report.
@@ -67,6 +69,8 @@ pub struct LoadedModel {
     bounds: PromptBounds,
     vocab: Vocabulary,
     info: ModelInfo,
+    /// llguidance's view of the vocabulary, built on the first constrained request.
+    grammars: Compiler,
     backend: LlamaBackend,
 }
 
@@ -166,6 +170,7 @@ impl LoadedModel {
             bounds,
             vocab,
             info,
+            grammars: Compiler::default(),
             backend,
         })
     }
@@ -198,10 +203,25 @@ impl LoadedModel {
     pub fn chat_prompt(
         &self,
         turns: &[ChatTurn],
+        tools: Option<&ToolUse>,
         limit: Limit,
         gone: &AtomicBool,
     ) -> Result<Prompt, PromptError> {
-        prompt::chat(&self.model, &self.template, &self.vocab, turns, limit, gone)
+        prompt::chat(
+            &self.model,
+            &self.template,
+            &self.vocab,
+            turns,
+            tools,
+            limit,
+            gone,
+        )
+    }
+
+    /// Compiles a grammar against this model's vocabulary (see [`constraint`](super::constraint));
+    /// the error names what llguidance cannot compile.
+    pub fn compile_grammar(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        self.grammars.compile(&self.model, grammar)
     }
 
     /// Tokenizes a raw prompt (BOS added if the vocabulary wants it). Text that looks like a

@@ -18,6 +18,7 @@ use llama_cpp_2::token_type::LlamaTokenAttr;
 use rand::distributions::{Alphanumeric, DistString};
 
 use super::model::ChatTurn;
+use crate::tools::ToolUse;
 use super::template::ChatTemplate;
 
 /// Why an input could not become a prompt.
@@ -99,7 +100,7 @@ impl PromptBounds {
                     content: (*c).into(),
                 })
                 .collect();
-            let text = template.render(model, &turns, true).ok()?;
+            let text = template.render(model, &turns, None, true).ok()?;
             Some(vocab.tokenize(text.as_bytes(), true, true).len())
         };
         let base = count(&[("user", "x")]);
@@ -168,10 +169,25 @@ pub fn chat(
     template: &ChatTemplate,
     vocab: &Vocabulary,
     turns: &[ChatTurn],
+    tools: Option<&ToolUse>,
     limit: Limit,
     gone: &AtomicBool,
 ) -> Result<Prompt, PromptError> {
-    let pieces = render_marked(turns, |stand_ins| template.render(model, stand_ins, true))?;
+    // Tools reach a template that knows them through its `tools` variable; any other
+    // template gets them described in the system turn, in the Hermes form.
+    let native = template.knows_tools();
+    let described;
+    let turns = match tools {
+        Some(t) if !native => {
+            described = with_system_text(turns, &t.system_text());
+            &described[..]
+        }
+        _ => turns,
+    };
+    let tools_value = tools.filter(|_| native).map(ToolUse::template_value);
+    let pieces = render_marked(turns, |stand_ins| {
+        template.render(model, stand_ins, tools_value.as_ref(), true)
+    })?;
     let mut out = Tokens::new(model, vocab, limit, gone);
     for piece in pieces {
         match piece {
@@ -180,6 +196,24 @@ pub fn chat(
         }
     }
     out.finish()
+}
+
+/// `turns` with `text` added to the system turn (one is put first when there is none).
+fn with_system_text(turns: &[ChatTurn], text: &str) -> Vec<ChatTurn> {
+    let mut out = turns.to_vec();
+    match out.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content = format!("{}\n\n{text}", first.content);
+        }
+        _ => out.insert(
+            0,
+            ChatTurn {
+                role: "system".into(),
+                content: text.to_string(),
+            },
+        ),
+    }
+    out
 }
 
 /// A rendered chat cut into the template's text and the messages' text.

@@ -43,16 +43,27 @@ impl ChatTemplate {
         }
     }
 
-    /// Renders `turns` (contents already replaced by sentinels where wanted).
+    /// Whether the template renders a `tools` list itself (a Jinja template that reads
+    /// `tools`); otherwise tools are described in a system turn (see [`crate::tools`]).
+    pub fn knows_tools(&self) -> bool {
+        match self {
+            Self::Jinja(t) => t.knows_tools,
+            Self::Builtin(_) => false,
+        }
+    }
+
+    /// Renders `turns` (contents already replaced by sentinels where wanted); `tools` reach
+    /// a template that [`knows_tools`](Self::knows_tools).
     pub fn render(
         &self,
         model: &LlamaModel,
         turns: &[ChatTurn],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, PromptError> {
         match self {
             Self::Jinja(t) => {
-                let text = t.render(turns, None, add_generation_prompt)?;
+                let text = t.render(turns, tools, add_generation_prompt)?;
                 Ok(t.strip_added_specials(model, text))
             }
             Self::Builtin(t) => {
@@ -89,6 +100,7 @@ pub struct JinjaTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    knows_tools: bool,
 }
 
 impl JinjaTemplate {
@@ -122,6 +134,7 @@ impl JinjaTemplate {
             env,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            knows_tools: source.contains("tools"),
         })
     }
 

@@ -17,11 +17,13 @@ use super::error::ApiError;
 use super::sse::{self, Framer, Shape};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionChoice,
-    CompletionLogprobs,
+    CompletionLogprobs, WireFunctionCall, WireToolCall,
 };
 use super::AppState;
 use crate::engine::prompt::{Limit, PromptError};
-use crate::engine::{Engine, Event, GenerationRequest};
+use crate::engine::constraint::{Constraint, Grammar};
+use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
+use crate::tools::ToolUse;
 use crate::validate::{self, Input, ValidRequest};
 
 /// Reported as `system_fingerprint`: the daemon build that produced the output.
@@ -100,10 +102,20 @@ async fn start(
         }
     }
     validate::check_vocab(&req.sampling, engine.model().info().n_vocab)?;
+    let mut req = req;
+    if let Some(grammar) = req.grammar.take() {
+        req.sampling.constraint = Some(compile(&engine, grammar, req.tools.is_some()).await?);
+    }
     let logprobs = req.sampling.logprobs.is_some();
     let ctx = engine.plan().ctx;
-    let (prompt_text, tokens) =
-        tokenize(&engine, req.input.clone(), req.parse_special, shape).await?;
+    let (prompt_text, tokens) = tokenize(
+        &engine,
+        req.input.clone(),
+        req.tools.clone(),
+        req.parse_special,
+        shape,
+    )
+    .await?;
     if tokens.is_empty() {
         return Err(ApiError::invalid("prompt", "tokenizes to nothing"));
     }
@@ -139,6 +151,7 @@ async fn start(
         .map_or(0, |d| d.as_secs());
     let echo = (req.echo && shape == Shape::Completion).then_some(prompt_text);
     let cancel = state.cancel.clone();
+    let tools = req.tools.is_some();
     if req.stream {
         stream(
             events,
@@ -150,6 +163,7 @@ async fn start(
                 model: model_id,
                 include_usage: req.include_usage,
                 text_offset: 0,
+                tools: req.tools.as_ref().map(|_| sse::ToolFramer::default()),
             },
             echo,
         )
@@ -159,7 +173,7 @@ async fn start(
             tokio::select! {
                 biased;
                 _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
-                r = collect(events, shape, id, object, created, model_id, echo, logprobs) => r,
+                r = collect(events, shape, id, object, created, model_id, echo, logprobs, tools) => r,
             }
         };
         // A client that closed its sending side may be half-closed or gone: the answer then
@@ -168,12 +182,32 @@ async fn start(
     }
 }
 
+/// Compiles the request's grammar on the blocking pool (the first one also walks the
+/// vocabulary). What llguidance cannot compile is a 400 naming the field it came from.
+async fn compile(
+    engine: &Engine,
+    grammar: Grammar,
+    from_tools: bool,
+) -> Result<Constraint, ApiError> {
+    let model = engine.model().clone();
+    let param = if from_tools {
+        "tools"
+    } else {
+        "response_format.json_schema.schema"
+    };
+    tokio::task::spawn_blocking(move || model.compile_grammar(&grammar))
+        .await
+        .map_err(|e| ApiError::internal(format!("grammar task failed: {e}")))?
+        .map_err(|e| ApiError::invalid(param, format!("cannot be enforced: {e}")))
+}
+
 /// Bounds the input by the context, then renders the chat template and tokenizes off the
 /// async runtime. The bounds come first so an oversized body is refused before any work
 /// that grows with it; if the client leaves meanwhile, the blocking work stops too.
 async fn tokenize(
     engine: &Engine,
     input: Input,
+    tools: Option<ToolUse>,
     parse_special: bool,
     shape: Shape,
 ) -> Result<(String, Vec<i32>), ApiError> {
@@ -199,7 +233,7 @@ async fn tokenize(
     let _leave = SetOnDrop(gone.clone());
     tokio::task::spawn_blocking(move || {
         let prompt = match input {
-            Input::Chat(turns) => model.chat_prompt(&turns, limit, &gone),
+            Input::Chat(turns) => model.chat_prompt(&turns, tools.as_ref(), limit, &gone),
             Input::Text(t) => model.text_prompt(&t, parse_special, limit, &gone),
         }
         .map_err(too_long)?;
@@ -207,6 +241,14 @@ async fn tokenize(
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+}
+
+/// A tool call's id, as OpenAI shapes them.
+pub fn call_id() -> String {
+    format!(
+        "call_{}",
+        Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
+    )
 }
 
 /// Sets its flag when dropped: tells blocking work that the request it serves is gone.
@@ -270,6 +312,7 @@ async fn collect(
     model: String,
     echo: Option<String>,
     logprobs: bool,
+    tools: bool,
 ) -> Result<Response, ApiError> {
     let mut text = echo.unwrap_or_default();
     let mut tokens = Vec::new();
@@ -285,6 +328,27 @@ async fn collect(
                 usage,
                 timings,
             }) => {
+                let (content, tool_calls, reason) = if tools {
+                    let (content, calls) = crate::tools::parse(&text);
+                    if calls.is_empty() {
+                        (Some(text.clone()), None, reason)
+                    } else {
+                        let calls = calls
+                            .into_iter()
+                            .map(|c| WireToolCall {
+                                id: call_id(),
+                                kind: "function".into(),
+                                function: WireFunctionCall {
+                                    name: c.name,
+                                    arguments: c.arguments,
+                                },
+                            })
+                            .collect();
+                        (content, Some(calls), FinishReason::ToolCalls)
+                    }
+                } else {
+                    (Some(text.clone()), None, reason)
+                };
                 let resp = match shape {
                     Shape::Chat => Json(ChatCompletion {
                         id,
@@ -296,7 +360,8 @@ async fn collect(
                             index: 0,
                             message: AssistantMessage {
                                 role: "assistant",
-                                content: text,
+                                content,
+                                tool_calls,
                             },
                             logprobs: logprobs.then(|| ChatLogprobs::of(&tokens)),
                             finish_reason: reason,

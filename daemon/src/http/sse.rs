@@ -16,8 +16,9 @@ use tokio::sync::watch;
 use super::error::ApiError;
 use super::wire::{
     ChatChunk, ChatLogprobs, ChunkChoice, CompletionChunk, CompletionChunkChoice,
-    CompletionLogprobs, Delta,
+    CompletionLogprobs, Delta, FunctionDelta, ToolCallDelta,
 };
+use crate::tools::{Out, ToolStream};
 use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
@@ -49,6 +50,15 @@ pub struct Framer {
     pub include_usage: bool,
     /// Completions `logprobs`: the character offset of the next token in the text.
     pub text_offset: usize,
+    /// Chat with tools: the text is parsed for calls as it streams.
+    pub tools: Option<ToolFramer>,
+}
+
+/// A chat stream's tool-call parser and how many calls it has sent.
+#[derive(Debug, Default)]
+pub struct ToolFramer {
+    stream: ToolStream,
+    calls: u32,
 }
 
 impl Framer {
@@ -63,6 +73,7 @@ impl Framer {
                 Delta {
                     role: Some("assistant"),
                     content: Some(""),
+                    tool_calls: None,
                 },
                 None,
                 None,
@@ -73,13 +84,19 @@ impl Framer {
 
     /// A text chunk, with the log-probabilities of the tokens it begins when there are any.
     pub fn text(&mut self, text: &str, logprobs: &[TokenLogprob]) -> Bytes {
+        if let Some(mut tools) = self.tools.take() {
+            let outs = tools.stream.push(text);
+            let bytes = self.tool_frames(&mut tools, outs, logprobs);
+            self.tools = Some(tools);
+            return bytes;
+        }
         match self.shape {
             Shape::Chat => {
                 let logprobs = (!logprobs.is_empty()).then(|| ChatLogprobs::of(logprobs));
                 self.chat_chunk_with(
                     Delta {
-                        role: None,
                         content: Some(text),
+                        ..Delta::default()
                     },
                     logprobs,
                     None,
@@ -97,9 +114,73 @@ impl Framer {
         }
     }
 
+    /// Chunks for what the tool parser let out: text as content deltas; each call as a
+    /// delta with its id, type and name (arguments empty), then one with its arguments.
+    fn tool_frames(
+        &mut self,
+        tools: &mut ToolFramer,
+        outs: Vec<Out>,
+        logprobs: &[TokenLogprob],
+    ) -> Bytes {
+        let mut bytes = Vec::new();
+        for out in outs {
+            match out {
+                Out::Content(c) => {
+                    let logprobs = (!logprobs.is_empty()).then(|| ChatLogprobs::of(logprobs));
+                    let delta = Delta {
+                        content: Some(&c),
+                        ..Delta::default()
+                    };
+                    bytes.extend_from_slice(&self.chat_chunk_with(delta, logprobs, None, None));
+                }
+                Out::Call(call) => {
+                    let index = tools.calls;
+                    tools.calls += 1;
+                    let id = super::generate::call_id();
+                    let head = ToolCallDelta {
+                        index,
+                        id: Some(&id),
+                        kind: Some("function"),
+                        function: FunctionDelta {
+                            name: Some(&call.name),
+                            arguments: "",
+                        },
+                    };
+                    let args = ToolCallDelta {
+                        index,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta {
+                            name: None,
+                            arguments: &call.arguments,
+                        },
+                    };
+                    for d in [head, args] {
+                        let delta = Delta {
+                            tool_calls: Some(vec![d]),
+                            ..Delta::default()
+                        };
+                        bytes.extend_from_slice(&self.chat_chunk(delta, None, None));
+                    }
+                }
+            }
+        }
+        Bytes::from(bytes)
+    }
+
     /// Finish chunk, usage chunk if asked for, and the `[DONE]` sentinel, as one write.
-    pub fn closing(&self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
+    /// With tools, what the parser held back goes first, and a stream that sent calls
+    /// finishes with `tool_calls`.
+    pub fn closing(&mut self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
         let mut out = Vec::new();
+        let mut reason = reason;
+        if let Some(mut tools) = self.tools.take() {
+            let outs = std::mem::take(&mut tools.stream).finish();
+            out.extend_from_slice(&self.tool_frames(&mut tools, outs, &[]));
+            if tools.calls > 0 {
+                reason = FinishReason::ToolCalls;
+            }
+        }
         let finish = match self.shape {
             Shape::Chat => self.chat_chunk(Delta::default(), Some(reason), Some(timings)),
             Shape::Completion => self.completion_chunk("", Some(reason), Some(timings)),
@@ -243,7 +324,14 @@ pub fn events_to_body(
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
                 Ok(Some(Event::Admitted { .. })) => continue,
-                Ok(Some(Event::Text { text, logprobs })) => framer.text(&text, &logprobs),
+                Ok(Some(Event::Text { text, logprobs })) => {
+                    let bytes = framer.text(&text, &logprobs);
+                    // The tool parser may hold all of it back for now.
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    bytes
+                }
                 Ok(Some(Event::Finished {
                     reason,
                     usage,
@@ -283,6 +371,7 @@ mod tests {
             model: "m".into(),
             include_usage,
             text_offset: 0,
+            tools: None,
         }
     }
 

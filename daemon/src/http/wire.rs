@@ -29,6 +29,11 @@ pub struct ChatCompletionRequest {
     pub logit_bias: Option<Map<String, Value>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    // Read loosely and checked in `validate`, so that every error names its field.
+    pub response_format: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     // OpenAI fields refused unless they ask for nothing (see `validate::unsupported_chat`).
     pub audio: Option<Value>,
     pub modalities: Option<Value>,
@@ -113,6 +118,45 @@ impl CompletionRequest {
 pub struct WireMessage {
     pub role: String,
     pub content: Option<MessageContent>,
+    /// An assistant turn's calls, sent back with the conversation.
+    pub tool_calls: Option<Vec<WireToolCall>>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call, in requests (an earlier assistant turn) and in answers.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct WireToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: WireFunctionCall,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct WireFunctionCall {
+    pub name: String,
+    /// JSON text, as OpenAI sends it.
+    pub arguments: String,
+}
+
+/// A streamed call: the first delta of a call has its id, type and name; the ones after it
+/// only more `arguments` text.
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta<'a> {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta<'a>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<&'a str>,
+    pub arguments: &'a str,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,7 +217,10 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls, as OpenAI sends it.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<WireToolCall>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -205,6 +252,8 @@ pub struct Delta<'a> {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta<'a>>>,
 }
 
 #[derive(Debug, Serialize)]

@@ -76,6 +76,13 @@ impl Backend for NativeBackend<'_> {
             .samplers
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        if sampling.constraint.is_some() {
+            return Err(BackendError::Sequence(
+                "constrained output (response_format, a forced tool call) needs the llama.cpp \
+                 backend"
+                    .into(),
+            ));
+        }
         *slot = Some(Sampler::new(sampling));
         Ok(())
     }
