@@ -483,8 +483,9 @@ mod tests {
                 minijinja::context! { x => Value::from(Serde(serde_json::json!({"b": [1, 2.5, "é<\n"], "a": null, "c": true}))) },
             )
             .expect("renders");
-        // serde_json without preserve_order sorts keys; the separators are Python's.
-        assert_eq!(out, r#"{"a": null, "b": [1, 2.5, "é<\n"], "c": true}"#);
+        // Keys in insertion order, as Python's dicts keep them (serde_json's `preserve_order`,
+        // which llguidance turns on); the separators are Python's.
+        assert_eq!(out, r#"{"b": [1, 2.5, "é<\n"], "a": null, "c": true}"#);
         let out = env
             .render_str(
                 "{{ x | tojson(indent=2) }}",

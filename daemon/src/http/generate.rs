@@ -198,7 +198,7 @@ async fn compile(
     tokio::task::spawn_blocking(move || model.compile_grammar(&grammar))
         .await
         .map_err(|e| ApiError::internal(format!("grammar task failed: {e}")))?
-        .map_err(|e| ApiError::invalid(param, format!("cannot be enforced: {e}")))
+        .map_err(|e| ApiError::invalid(param, format!("`{param}` cannot be enforced: {e}")))
 }
 
 /// Bounds the input by the context, then renders the chat template and tokenizes off the

@@ -20,5 +20,6 @@ mod prefix;
 mod prompt;
 mod quantize;
 mod stream;
+mod structured;
 mod template;
 mod thermal;
