@@ -112,10 +112,13 @@ pub fn hermes_text(calls: &[(String, String)]) -> String {
     calls
         .iter()
         .map(|(name, arguments)| {
-            let args: Value =
-                serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.clone()));
+            let args: Value = serde_json::from_str(arguments)
+                .unwrap_or_else(|_| Value::String(arguments.clone()));
             // Written by hand: the name first, whatever the JSON map's key order.
-            format!("{OPEN}\n{{\"name\":{},\"arguments\":{args}}}\n{CLOSE}", Value::from(name.as_str()))
+            format!(
+                "{OPEN}\n{{\"name\":{},\"arguments\":{args}}}\n{CLOSE}",
+                Value::from(name.as_str())
+            )
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -260,7 +263,10 @@ mod tests {
         assert_eq!(content.as_deref(), Some("Let me look."));
         assert_eq!(
             calls,
-            vec![call("get_weather", r#"{"city":"Paris"}"#), call("now", "{}")]
+            vec![
+                call("get_weather", r#"{"city":"Paris"}"#),
+                call("now", "{}")
+            ]
         );
     }
 
@@ -345,13 +351,19 @@ mod tests {
         assert_eq!(auto.grammar(), None);
         auto.choice = ToolChoice::Required;
         auto.parallel = true;
-        assert!(auto.grammar().unwrap().starts_with("start: call (\"\\n\" call)*"));
+        assert!(auto
+            .grammar()
+            .unwrap()
+            .starts_with("start: call (\"\\n\" call)*"));
     }
 
     #[test]
     fn earlier_calls_are_written_back_in_the_hermes_form() {
         let text = hermes_text(&[("f".into(), r#"{"a": 1}"#.into())]);
-        assert_eq!(text, "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"a\":1}}\n</tool_call>");
+        assert_eq!(
+            text,
+            "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"a\":1}}\n</tool_call>"
+        );
         assert_eq!(parse(&text).1, vec![call("f", r#"{"a":1}"#)]);
     }
 

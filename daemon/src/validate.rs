@@ -355,11 +355,16 @@ fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, InvalidRequest>
         .ok_or_else(|| InvalidRequest::field("response_format.type", "is required"))?;
     match kind {
         "text" => Ok(None),
-        "json_object" => Ok(Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))),
+        "json_object" => Ok(Some(Grammar::JsonSchema(
+            serde_json::json!({"type": "object"}),
+        ))),
         "json_schema" => {
-            let js = v.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| {
-                InvalidRequest::field("response_format.json_schema", "must be an object")
-            })?;
+            let js = v
+                .get("json_schema")
+                .filter(|j| j.is_object())
+                .ok_or_else(|| {
+                    InvalidRequest::field("response_format.json_schema", "must be an object")
+                })?;
             match js.get("name") {
                 Some(Value::String(n)) if valid_name(n) => {}
                 _ => {
@@ -369,7 +374,10 @@ fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, InvalidRequest>
                     ))
                 }
             }
-            if js.get("strict").is_some_and(|s| !s.is_null() && !s.is_boolean()) {
+            if js
+                .get("strict")
+                .is_some_and(|s| !s.is_null() && !s.is_boolean())
+            {
                 return Err(InvalidRequest::field(
                     "response_format.json_schema.strict",
                     "must be a boolean",
@@ -397,8 +405,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, InvalidRequest>
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
-        && n
-            .bytes()
+        && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 

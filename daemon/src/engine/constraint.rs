@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
 /// What the output must match.

@@ -10,11 +10,11 @@ use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use serde::Serialize;
 
+use super::constraint::{Compiler, Constraint, Grammar};
 use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
 use super::template::{ChatTemplate, JinjaTemplate};
-use super::constraint::{Compiler, Constraint, Grammar};
-use crate::tools::ToolUse;
 use super::EngineError;
+use crate::tools::ToolUse;
 
 /// Facts about the model that the API and status routes report.
 #[derive(Debug, Clone, Serialize)]

@@ -18,8 +18,8 @@ use llama_cpp_2::token_type::LlamaTokenAttr;
 use rand::distributions::{Alphanumeric, DistString};
 
 use super::model::ChatTurn;
-use crate::tools::ToolUse;
 use super::template::ChatTemplate;
+use crate::tools::ToolUse;
 
 /// Why an input could not become a prompt.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use super::wire::{
     CompletionLogprobs, WireFunctionCall, WireToolCall,
 };
 use super::AppState;
-use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::constraint::{Constraint, Grammar};
+use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::ToolUse;
 use crate::validate::{self, Input, ValidRequest};

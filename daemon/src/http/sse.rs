@@ -18,8 +18,8 @@ use super::wire::{
     ChatChunk, ChatLogprobs, ChunkChoice, CompletionChunk, CompletionChunkChoice,
     CompletionLogprobs, Delta, FunctionDelta, ToolCallDelta,
 };
-use crate::tools::{Out, ToolStream};
 use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
+use crate::tools::{Out, ToolStream};
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
 /// through a long queue wait or prefill.

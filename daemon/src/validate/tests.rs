@@ -392,3 +392,154 @@ fn detokenize_ids_must_be_in_the_vocabulary() {
         }
     }
 }
+
+const TOOL: &str = r#""tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]"#;
+
+#[test]
+fn response_format_json_schema_becomes_its_schema() {
+    let r = chat_json(&format!(
+        r#"{{{HELLO},"response_format":{{"type":"json_schema","json_schema":{{"name":"p","strict":true,"schema":{{"type":"object"}}}}}}}}"#
+    ))
+    .expect("valid");
+    assert_eq!(
+        r.grammar,
+        Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
+    );
+    let r = chat_json(&format!(
+        r#"{{{HELLO},"response_format":{{"type":"json_object"}}}}"#
+    ))
+    .expect("valid");
+    assert_eq!(
+        r.grammar,
+        Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
+    );
+    let r = chat_json(&format!(
+        r#"{{{HELLO},"response_format":{{"type":"text"}}}}"#
+    ))
+    .expect("valid");
+    assert_eq!(r.grammar, None);
+}
+
+#[test]
+fn bad_response_formats_name_the_field() {
+    for (format, param) in [
+        (r#"{"type":"yaml"}"#, "response_format.type"),
+        (r#"{}"#, "response_format.type"),
+        (r#"{"type":"json_schema"}"#, "response_format.json_schema"),
+        (
+            r#"{"type":"json_schema","json_schema":{"schema":{}}}"#,
+            "response_format.json_schema.name",
+        ),
+        (
+            r#"{"type":"json_schema","json_schema":{"name":"a b"}}"#,
+            "response_format.json_schema.name",
+        ),
+        (
+            r#"{"type":"json_schema","json_schema":{"name":"a","strict":"yes"}}"#,
+            "response_format.json_schema.strict",
+        ),
+        (
+            r#"{"type":"json_schema","json_schema":{"name":"a","schema":[1]}}"#,
+            "response_format.json_schema.schema",
+        ),
+    ] {
+        let body = format!(r#"{{{HELLO},"response_format":{format}}}"#);
+        assert_eq!(param_of(chat_json(&body)), param, "{body}");
+    }
+}
+
+#[test]
+fn tools_default_to_auto_and_are_not_forced() {
+    let r = chat_json(&format!("{{{HELLO},{TOOL}}}")).expect("valid");
+    let tools = r.tools.expect("tools kept");
+    assert_eq!(tools.choice, ToolChoice::Auto);
+    assert!(tools.parallel);
+    assert_eq!(tools.tools[0].name, "get_weather");
+    assert_eq!(r.grammar, None);
+}
+
+#[test]
+fn tool_choice_none_hides_the_tools() {
+    let r = chat_json(&format!(r#"{{{HELLO},{TOOL},"tool_choice":"none"}}"#)).expect("valid");
+    assert_eq!(r.tools, None);
+    assert_eq!(r.grammar, None);
+}
+
+#[test]
+fn required_and_named_tool_choices_force_a_call_with_a_grammar() {
+    for choice in [
+        r#""required""#,
+        r#"{"type":"function","function":{"name":"get_weather"}}"#,
+    ] {
+        let body =
+            format!(r#"{{{HELLO},{TOOL},"tool_choice":{choice},"parallel_tool_calls":false}}"#);
+        let r = chat_json(&body).expect("valid");
+        match r.grammar {
+            Some(Grammar::Lark(g)) => {
+                assert!(g.starts_with("start: call\n"), "{g}");
+                assert!(g.contains("get_weather"), "{g}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn bad_tools_name_the_field() {
+    for (extra, param) in [
+        (r#""tools":{}"#.to_string(), "tools"),
+        (r#""tools":[{"type":"code_interpreter"}]"#.to_string(), "tools[0].type"),
+        (r#""tools":[{"type":"function"}]"#.to_string(), "tools[0].function"),
+        (
+            r#""tools":[{"type":"function","function":{"name":"a b"}}]"#.to_string(),
+            "tools[0].function.name",
+        ),
+        (
+            r#""tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]"#
+                .to_string(),
+            "tools[0].function.parameters",
+        ),
+        (
+            r#""tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#
+                .to_string(),
+            "tools[1].function.name",
+        ),
+        (format!(r#"{TOOL},"tool_choice":"sometimes""#), "tool_choice"),
+        (
+            format!(r#"{TOOL},"tool_choice":{{"type":"function","function":{{"name":"nope"}}}}"#),
+            "tool_choice.function.name",
+        ),
+        (r#""tool_choice":"required""#.to_string(), "tool_choice"),
+        (
+            format!(r#"{TOOL},"tool_choice":"required","response_format":{{"type":"json_object"}}"#),
+            "response_format",
+        ),
+    ] {
+        let body = format!("{{{HELLO},{extra}}}");
+        assert_eq!(param_of(chat_json(&body)), param, "{body}");
+    }
+}
+
+#[test]
+fn earlier_tool_calls_and_results_become_turns() {
+    let body = r#"{"messages":[
+        {"role":"user","content":"weather?"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+        {"role":"tool","tool_call_id":"call_1","content":"sunny"}]}"#;
+    let r = chat_json(body).expect("valid");
+    let Input::Chat(turns) = r.input else {
+        panic!("chat input")
+    };
+    assert_eq!(
+        turns[1].content,
+        "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
+    );
+    assert_eq!(
+        (turns[2].role.as_str(), turns[2].content.as_str()),
+        ("tool", "sunny")
+    );
+    let no_id = r#"{"messages":[{"role":"tool","content":"sunny"}]}"#;
+    assert_eq!(param_of(chat_json(no_id)), "messages[0].tool_call_id");
+    let user_calls = r#"{"messages":[{"role":"user","content":"x","tool_calls":[]}]}"#;
+    assert_eq!(param_of(chat_json(user_calls)), "messages[0].tool_calls");
+}

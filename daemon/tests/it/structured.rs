@@ -24,11 +24,16 @@ fn person_schema() -> Value {
 /// Checks `v` against [`person_schema`] by hand (no schema validator in the tests' deps).
 fn assert_person(text: &str) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
-    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
     let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["age", "city", "name"], "{text}");
-    assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 40), "{text}");
+    assert!(
+        o["name"].as_str().is_some_and(|n| n.chars().count() <= 40),
+        "{text}"
+    );
     assert!(o["age"].as_u64().is_some_and(|a| a <= 150), "{text}");
     assert!(
         matches!(o["city"].as_str(), Some("Paris" | "London" | "Tokyo")),
@@ -127,9 +132,14 @@ fn weather_tools() -> Value {
 fn assert_weather_args(arguments: &str) {
     let a: Value =
         serde_json::from_str(arguments).unwrap_or_else(|e| panic!("not JSON ({e}): {arguments}"));
-    let o = a.as_object().unwrap_or_else(|| panic!("not an object: {arguments}"));
+    let o = a
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {arguments}"));
     assert_eq!(o.len(), 2, "{arguments}");
-    assert!(o["city"].as_str().is_some_and(|c| c.chars().count() <= 30), "{arguments}");
+    assert!(
+        o["city"].as_str().is_some_and(|c| c.chars().count() <= 30),
+        "{arguments}"
+    );
     assert!(
         matches!(o["unit"].as_str(), Some("celsius" | "fahrenheit")),
         "{arguments}"
@@ -152,13 +162,21 @@ async fn a_forced_tool_call_matches_the_functions_schema_whole_and_streamed() {
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
     assert!(choice["message"]["content"].is_null(), "{v}");
-    let calls = choice["message"]["tool_calls"].as_array().expect("tool_calls");
+    let calls = choice["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls");
     assert_eq!(calls.len(), 1, "parallel_tool_calls is false: {v}");
     let call = &calls[0];
-    assert!(call["id"].as_str().is_some_and(|i| i.starts_with("call_")), "{v}");
+    assert!(
+        call["id"].as_str().is_some_and(|i| i.starts_with("call_")),
+        "{v}"
+    );
     assert_eq!(call["type"], "function", "{v}");
     assert_eq!(call["function"]["name"], "get_weather", "{v}");
-    let whole_args = call["function"]["arguments"].as_str().expect("arguments").to_string();
+    let whole_args = call["function"]["arguments"]
+        .as_str()
+        .expect("arguments")
+        .to_string();
     assert_weather_args(&whole_args);
 
     let chunks = d.stream("/v1/chat/completions", &weather_body(true)).await;
@@ -169,11 +187,19 @@ async fn a_forced_tool_call_matches_the_functions_schema_whole_and_streamed() {
         .collect();
     assert!(deltas.len() >= 2, "{chunks:?}");
     // OpenAI's shape: the first delta names the call, the ones after carry arguments.
-    assert!(deltas[0]["id"].as_str().is_some_and(|i| i.starts_with("call_")), "{chunks:?}");
+    assert!(
+        deltas[0]["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("call_")),
+        "{chunks:?}"
+    );
     assert_eq!(deltas[0]["type"], "function");
     assert_eq!(deltas[0]["function"]["name"], "get_weather");
     assert!(deltas.iter().all(|d| d["index"] == 0), "{chunks:?}");
-    assert!(deltas[1..].iter().all(|d| d.get("id").is_none()), "{chunks:?}");
+    assert!(
+        deltas[1..].iter().all(|d| d.get("id").is_none()),
+        "{chunks:?}"
+    );
     let args: String = deltas
         .iter()
         .filter_map(|d| d["function"]["arguments"].as_str())
@@ -191,7 +217,9 @@ async fn required_tool_choice_calls_one_of_the_tools() {
     body["tool_choice"] = json!("required");
     let v = d.chat(&body).await;
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
-    let calls = v["choices"][0]["message"]["tool_calls"].as_array().expect("tool_calls");
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls");
     for c in calls {
         let name = c["function"]["name"].as_str().unwrap_or_default();
         let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap_or(""))
@@ -223,7 +251,10 @@ async fn tool_results_go_back_through_the_template() {
     });
     let v = d.chat(&body).await;
     assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
-    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    assert!(
+        v["choices"][0]["message"].get("tool_calls").is_none(),
+        "{v}"
+    );
     // The call and its result are in the prompt: more tokens than the question alone.
     let alone = d.chat(&chat_body("What is the weather in Paris?", 1)).await;
     assert!(
@@ -236,7 +267,10 @@ async fn tool_results_go_back_through_the_template() {
 async fn bad_tool_and_format_fields_are_400s_naming_them() {
     let d = shared();
     let cases = [
-        (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
         (
             json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
             "tool_choice.function.name",

@@ -1,0 +1,143 @@
+"""Structured output and tool calls through the official client: a json_schema reply that
+parses and validates (pydantic, as `client.chat.completions.parse` uses it), a forced tool
+call whose arguments validate, whole and streamed, and a schema the server cannot enforce
+refused by name."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import openai
+import pydantic
+import pytest
+
+
+class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: str = pydantic.Field(max_length=40)
+    age: int = pydantic.Field(ge=0, le=150)
+    city: Literal["Paris", "London", "Tokyo"]
+
+
+class GetWeather(pydantic.BaseModel):
+    """Current weather in a city."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    city: str = pydantic.Field(max_length=30)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+MESSAGES = [{"role": "user", "content": "Describe a person who lives in a big city."}]
+
+
+def _person_format() -> dict:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "strict": True, "schema": Person.model_json_schema()},
+    }
+
+
+def test_json_schema_reply_validates_whole_and_streamed(client, model_id):
+    kw = dict(model=model_id, messages=MESSAGES, max_tokens=96, temperature=0,
+              response_format=_person_format())
+    resp = client.chat.completions.create(**kw)
+    assert resp.choices[0].finish_reason == "stop"
+    whole = resp.choices[0].message.content
+    Person.model_validate_json(whole)
+    parts = []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    streamed = "".join(parts)
+    Person.model_validate(json.loads(streamed))
+    assert streamed == whole
+
+
+def test_parse_helper_returns_the_pydantic_object(client, model_id):
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    resp = parse(model=model_id, messages=MESSAGES, max_tokens=96, temperature=0,
+                 response_format=Person)
+    assert isinstance(resp.choices[0].message.parsed, Person)
+
+
+def test_json_object_reply_is_an_object(client, model_id):
+    resp = client.chat.completions.create(
+        model=model_id, max_tokens=64, temperature=0,
+        messages=[{"role": "user", "content": "Reply with a JSON object about a cat."}],
+        response_format={"type": "json_object"},
+    )
+    text = resp.choices[0].message.content
+    if resp.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:
+        assert text.startswith("{")
+
+
+def test_unenforceable_schema_is_a_400_naming_it(client, model_id):
+    schema = {"type": "object", "if": {"properties": {"a": {"const": 1}}},
+              "then": {"required": ["b"]}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model_id, messages=MESSAGES, max_tokens=4,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": schema}},
+        )
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert '"if"' in e.value.body["message"]
+
+
+WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def _weather_kw(model_id: str) -> dict:
+    return dict(
+        model=model_id, messages=WEATHER_MESSAGES, max_tokens=96, temperature=0,
+        tools=[openai.pydantic_function_tool(GetWeather, name="get_weather")],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+    )
+
+
+def test_forced_tool_call_arguments_validate_whole_and_streamed(client, model_id):
+    resp = client.chat.completions.create(**_weather_kw(model_id))
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    GetWeather.model_validate_json(call.function.arguments)
+
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **_weather_kw(model_id)):
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        finish = c.finish_reason or finish
+        for d in c.delta.tool_calls or []:
+            acc = calls.setdefault(d.index, {"id": d.id, "name": None, "arguments": ""})
+            if d.function and d.function.name:
+                acc["name"] = d.function.name
+            if d.function and d.function.arguments:
+                acc["arguments"] += d.function.arguments
+    assert finish == "tool_calls"
+    assert list(calls) == [0]
+    assert calls[0]["id"].startswith("call_") and calls[0]["name"] == "get_weather"
+    GetWeather.model_validate_json(calls[0]["arguments"])
+    assert calls[0]["arguments"] == call.function.arguments
+
+
+def test_tool_result_round_trip(client, model_id):
+    first = client.chat.completions.create(**_weather_kw(model_id))
+    call = first.choices[0].message.tool_calls[0]
+    messages = WEATHER_MESSAGES + [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21, "sky": "sunny"}'},
+    ]
+    kw = _weather_kw(model_id)
+    kw.update(messages=messages, tool_choice="none", max_tokens=24)
+    resp = client.chat.completions.create(**kw)
+    assert isinstance(resp.choices[0].message.content, str)
+    assert not resp.choices[0].message.tool_calls
