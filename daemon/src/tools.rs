@@ -124,10 +124,22 @@ pub fn hermes_text(calls: &[(String, String)]) -> String {
         .join("\n")
 }
 
-/// The body of one `<tool_call>…</tool_call>` as a call, if it is one.
+/// The body of one `<tool_call>…</tool_call>` as a call, if it is one. Arguments are the
+/// model's own text when the body has the `{"name": …, "arguments": …}` form (what a
+/// stream sends), else the JSON re-written.
 fn call_of(body: &str) -> Option<ToolCall> {
     let v: Value = serde_json::from_str(body.trim()).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
+    if let Head::Args { name: n, at } = head(body) {
+        let raw = args_text(&body[at..]);
+        let parsed = serde_json::from_str::<Value>(raw);
+        if n == name && parsed.is_ok_and(|v| !v.is_string()) {
+            return Some(ToolCall {
+                name,
+                arguments: raw.to_string(),
+            });
+        }
+    }
     let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
         None | Some(Value::Null) => "{}".to_string(),
         Some(Value::String(s)) => s.clone(),
@@ -136,21 +148,123 @@ fn call_of(body: &str) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
+/// How far the start of a call's body matches `{"name": "…", "arguments": `.
+#[derive(Debug, PartialEq)]
+enum Head {
+    /// It may still: more text is needed.
+    More,
+    /// It cannot (another key order, or not JSON): the call is parsed whole at its end.
+    No,
+    /// It does: the function's name, and where its arguments begin.
+    Args { name: String, at: usize },
+}
+
+fn head(body: &str) -> Head {
+    let b = body.as_bytes();
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    // Matches `lit` at `i`: Some(true) matched, Some(false) cannot, None needs more.
+    let lit = |i: &mut usize, lit: &str| -> Option<bool> {
+        let rest = &b[*i..];
+        let n = rest.len().min(lit.len());
+        if rest[..n] != lit.as_bytes()[..n] {
+            return Some(false);
+        }
+        if n < lit.len() {
+            return None;
+        }
+        *i += n;
+        Some(true)
+    };
+    macro_rules! expect {
+        ($l:expr) => {
+            ws(&mut i);
+            match lit(&mut i, $l) {
+                Some(true) => {}
+                Some(false) => return Head::No,
+                None => return Head::More,
+            }
+        };
+    }
+    expect!("{");
+    expect!("\"name\"");
+    expect!(":");
+    ws(&mut i);
+    if i == b.len() {
+        return Head::More;
+    }
+    if b[i] != b'"' {
+        return Head::No;
+    }
+    // The name string, escapes and all.
+    let mut j = i + 1;
+    loop {
+        match b.get(j) {
+            None => return Head::More,
+            Some(b'\\') => j += 2,
+            Some(b'"') => break,
+            Some(_) => j += 1,
+        }
+    }
+    let Ok(name) = serde_json::from_str::<String>(&body[i..=j]) else {
+        return Head::No;
+    };
+    i = j + 1;
+    expect!(",");
+    expect!("\"arguments\"");
+    expect!(":");
+    ws(&mut i);
+    if i == b.len() {
+        return Head::More;
+    }
+    Head::Args { name, at: i }
+}
+
+/// A call body's arguments text: what follows `"arguments":` less the outer object's `}`.
+fn args_text(rest: &str) -> &str {
+    let t = rest.trim_end();
+    t.strip_suffix('}').unwrap_or(t).trim_end()
+}
+
 /// What the model wrote, split into text and calls, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Out {
     Content(String),
+    /// A call begins: its function's name is known.
+    CallStart(String),
+    /// More of the arguments of the call begun last.
+    CallArgs(String),
+    /// A whole call (its body did not begin in the `name`-first form).
     Call(ToolCall),
+}
+
+/// Where the parser is inside a `<tool_call>` block.
+#[derive(Debug, Default)]
+enum InCall {
+    #[default]
+    Outside,
+    /// Reading the body's start (`{"name": "…", "arguments": `).
+    Head,
+    /// The name went out; the arguments stream. `sent`: bytes of them sent so far.
+    Args { at: usize, sent: usize },
+    /// Another form: the body goes out whole at the closing tag.
+    Whole,
 }
 
 /// Parses the model's text as it arrives: text goes out at once, except what could be the
 /// start of `<tool_call>` and whitespace (held until text follows, so the whitespace around
-/// calls is not sent as content); a call goes out once its closing tag arrived. A block
-/// that does not parse as a call goes out as text.
+/// calls is not sent as content). Inside a call, the function name goes out as soon as it is
+/// read and the arguments as they come, less what could be the end of the block (the
+/// last `}` on); a body in another form goes out whole at its closing tag, and a block that
+/// is not a call goes out as text.
 #[derive(Debug, Default)]
 pub struct ToolStream {
     buf: String,
-    in_call: bool,
+    state: InCall,
     /// Whitespace held back (it goes out before the next text).
     space: String,
 }
@@ -160,53 +274,112 @@ impl ToolStream {
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
-            if self.in_call {
-                let Some(end) = self.buf.find(CLOSE) else {
-                    break;
-                };
-                let body: String = self.buf.drain(..end + CLOSE.len()).collect();
-                let body = &body[..end];
-                self.in_call = false;
-                match call_of(body) {
-                    Some(call) => {
-                        self.space.clear();
-                        out.push(Out::Call(call));
+            match self.state {
+                InCall::Outside => {
+                    if let Some(start) = self.buf.find(OPEN) {
+                        let text: String = self.buf.drain(..start + OPEN.len()).collect();
+                        self.content(&mut out, text[..start].to_string());
+                        self.state = InCall::Head;
+                        continue;
                     }
-                    None => self.content(&mut out, format!("{OPEN}{body}{CLOSE}")),
+                    // Keep the longest tail that could begin `<tool_call>`.
+                    let keep = (1..OPEN.len().min(self.buf.len() + 1))
+                        .rev()
+                        .find(|n| {
+                            self.buf.is_char_boundary(self.buf.len() - n)
+                                && OPEN.starts_with(&self.buf[self.buf.len() - n..])
+                        })
+                        .unwrap_or(0);
+                    let text: String = self.buf.drain(..self.buf.len() - keep).collect();
+                    self.content(&mut out, text);
+                    break;
                 }
-            } else if let Some(start) = self.buf.find(OPEN) {
-                let text: String = self.buf.drain(..start + OPEN.len()).collect();
-                self.content(&mut out, text[..start].to_string());
-                self.in_call = true;
-            } else {
-                // Keep the longest tail that could begin `<tool_call>`.
-                let keep = (1..OPEN.len().min(self.buf.len() + 1))
-                    .rev()
-                    .find(|n| {
-                        self.buf.is_char_boundary(self.buf.len() - n)
-                            && OPEN.starts_with(&self.buf[self.buf.len() - n..])
-                    })
-                    .unwrap_or(0);
-                let text: String = self.buf.drain(..self.buf.len() - keep).collect();
-                self.content(&mut out, text);
-                break;
+                InCall::Head => {
+                    let end = self.buf.find(CLOSE);
+                    let upto = end.unwrap_or(self.buf.len());
+                    match head(&self.buf[..upto]) {
+                        // Arguments sent as a JSON string are decoded at the end.
+                        Head::Args { at, .. } if self.buf[at..].starts_with('"') => {
+                            self.state = InCall::Whole;
+                        }
+                        Head::Args { name, at } => {
+                            self.space.clear();
+                            out.push(Out::CallStart(name));
+                            self.state = InCall::Args { at, sent: 0 };
+                        }
+                        Head::More if end.is_none() => break,
+                        Head::More | Head::No => self.state = InCall::Whole,
+                    }
+                }
+                InCall::Args { at, sent } => {
+                    let Some(end) = self.buf.find(CLOSE) else {
+                        // Held back: what may still be the block's end (a last `}` followed
+                        // only by whitespace and the start of `</tool_call>`), and trailing
+                        // whitespace, which may come before that `}`.
+                        let t = &self.buf[at..];
+                        let tail_is_end = |after: &str| CLOSE.starts_with(after.trim_start());
+                        let ready = match t.rfind('}') {
+                            Some(b) if tail_is_end(&t[b + 1..]) => t[..b].trim_end(),
+                            _ => t.trim_end(),
+                        };
+                        if ready.len() > sent {
+                            out.push(Out::CallArgs(ready[sent..].to_string()));
+                            self.state = InCall::Args {
+                                at,
+                                sent: ready.len(),
+                            };
+                        }
+                        break;
+                    };
+                    let rest = args_text(&self.buf[at..end]);
+                    if let Some(more) = rest.get(sent..).filter(|m| !m.is_empty()) {
+                        out.push(Out::CallArgs(more.to_string()));
+                    }
+                    self.buf.drain(..end + CLOSE.len());
+                    self.state = InCall::Outside;
+                }
+                InCall::Whole => {
+                    let Some(end) = self.buf.find(CLOSE) else {
+                        break;
+                    };
+                    let body: String = self.buf.drain(..end + CLOSE.len()).collect();
+                    let body = &body[..end];
+                    self.state = InCall::Outside;
+                    match call_of(body) {
+                        Some(call) => {
+                            self.space.clear();
+                            out.push(Out::Call(call));
+                        }
+                        None => self.content(&mut out, format!("{OPEN}{body}{CLOSE}")),
+                    }
+                }
             }
         }
         out
     }
 
-    /// The end of the output: what was held back goes out (an unclosed call still counts
-    /// when its JSON is complete).
+    /// The end of the output: what was held back goes out. An unclosed call still counts
+    /// when its body is complete JSON; a streaming one sends the rest of its arguments.
     pub fn finish(mut self) -> Vec<Out> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.buf);
-        if self.in_call {
-            match call_of(&rest) {
+        match self.state {
+            InCall::Outside => self.content(&mut out, rest),
+            InCall::Head | InCall::Whole => match call_of(&rest) {
                 Some(call) => out.push(Out::Call(call)),
                 None => self.content(&mut out, format!("{OPEN}{rest}")),
+            },
+            InCall::Args { at, sent } => {
+                let complete = serde_json::from_str::<Value>(rest.trim()).is_ok();
+                let args = if complete {
+                    args_text(&rest[at..])
+                } else {
+                    rest[at..].trim_end()
+                };
+                if let Some(more) = args.get(sent..).filter(|m| !m.is_empty()) {
+                    out.push(Out::CallArgs(more.to_string()));
+                }
             }
-        } else {
-            self.content(&mut out, rest);
         }
         out
     }
@@ -232,10 +405,19 @@ pub fn parse(text: &str) -> (Option<String>, Vec<ToolCall>) {
     let mut outs = stream.push(text);
     outs.extend(stream.finish());
     let mut content = String::new();
-    let mut calls = Vec::new();
+    let mut calls: Vec<ToolCall> = Vec::new();
     for o in outs {
         match o {
             Out::Content(c) => content.push_str(&c),
+            Out::CallStart(name) => calls.push(ToolCall {
+                name,
+                arguments: String::new(),
+            }),
+            Out::CallArgs(a) => {
+                if let Some(last) = calls.last_mut() {
+                    last.arguments.push_str(&a);
+                }
+            }
             Out::Call(c) => calls.push(c),
         }
     }
@@ -264,7 +446,7 @@ mod tests {
         assert_eq!(
             calls,
             vec![
-                call("get_weather", r#"{"city":"Paris"}"#),
+                call("get_weather", r#"{"city": "Paris"}"#),
                 call("now", "{}")
             ]
         );
@@ -301,29 +483,78 @@ mod tests {
         assert_eq!(s.push("ol_call>{\"name\":\"f\","), vec![]);
         assert_eq!(
             s.push("\"arguments\":{\"x\":1}}</tool_call>\n"),
-            vec![Out::Call(call("f", r#"{"x":1}"#))]
+            vec![
+                Out::CallStart("f".into()),
+                Out::CallArgs(r#"{"x":1}"#.into())
+            ]
         );
         assert_eq!(s.push("bye"), vec![Out::Content("\nbye".into())]);
         assert_eq!(s.finish(), vec![]);
     }
 
-    #[test]
-    fn streamed_tokens_one_byte_at_a_time_give_the_same_calls() {
-        let text = "<tool_call>\n{\"name\":\"a\",\"arguments\":{\"é\":\"<\"}}\n</tool_call>\n\
-                    <tool_call>\n{\"name\":\"b\",\"arguments\":{}}\n</tool_call>";
+    /// Feeds `text` one character at a time; returns what came out.
+    fn trickle(text: &str) -> Vec<Out> {
         let mut s = ToolStream::default();
         let mut outs = Vec::new();
         for ch in text.chars() {
             outs.extend(s.push(&ch.to_string()));
         }
         outs.extend(s.finish());
+        outs
+    }
+
+    #[test]
+    fn streamed_arguments_go_out_as_they_come_and_add_up_to_the_whole() {
+        let text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"é\": \"<\", \"n\": {\"m\": [1, 2]}}}\n</tool_call>\n\
+                    <tool_call>\n{\"name\":\"b\",\"arguments\":{}}\n</tool_call>";
+        let outs = trickle(text);
+        assert_eq!(outs[0], Out::CallStart("a".into()));
+        let pieces = outs
+            .iter()
+            .take_while(|o| !matches!(o, Out::CallStart(n) if n == "b"))
+            .filter(|o| matches!(o, Out::CallArgs(_)))
+            .count();
+        assert!(pieces > 3, "arguments streamed in pieces: {outs:?}");
+        let mut args = String::new();
+        for o in &outs[1..] {
+            match o {
+                Out::CallArgs(a) => args.push_str(a),
+                Out::CallStart(n) => {
+                    assert_eq!(n, "b");
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(args, r#"{"é": "<", "n": {"m": [1, 2]}}"#);
         assert_eq!(
-            outs,
+            parse(text).1,
             vec![
-                Out::Call(call("a", r#"{"é":"<"}"#)),
-                Out::Call(call("b", "{}"))
+                call("a", r#"{"é": "<", "n": {"m": [1, 2]}}"#),
+                call("b", "{}")
             ]
         );
+    }
+
+    #[test]
+    fn a_body_with_the_arguments_first_goes_out_whole() {
+        let text = r#"<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>"#;
+        assert_eq!(trickle(text), vec![Out::Call(call("f", r#"{"x":1}"#))]);
+    }
+
+    #[test]
+    fn the_head_of_a_call_is_recognised_as_soon_as_it_is_complete() {
+        assert_eq!(head(" {\"na"), Head::More);
+        assert_eq!(head("{\"name\": \"f\\\"g\", \"arguments\""), Head::More);
+        assert_eq!(
+            head("{\"name\": \"f\\\"g\", \"arguments\": {"),
+            Head::Args {
+                name: "f\"g".into(),
+                at: 30
+            }
+        );
+        assert_eq!(head("{\"arguments\": {}"), Head::No);
+        assert_eq!(head("hello"), Head::No);
     }
 
     fn weather() -> ToolUse {

@@ -243,6 +243,20 @@ async fn tokenize(
     .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }
 
+fn wire_calls(calls: Vec<crate::tools::ToolCall>) -> Vec<WireToolCall> {
+    calls
+        .into_iter()
+        .map(|c| WireToolCall {
+            id: call_id(),
+            kind: "function".into(),
+            function: WireFunctionCall {
+                name: c.name,
+                arguments: c.arguments,
+            },
+        })
+        .collect()
+}
+
 /// A tool call's id, as OpenAI shapes them.
 pub fn call_id() -> String {
     format!(
@@ -332,19 +346,11 @@ async fn collect(
                     let (content, calls) = crate::tools::parse(&text);
                     if calls.is_empty() {
                         (Some(text.clone()), None, reason)
+                    } else if reason != FinishReason::Stop {
+                        // Cut by `max_tokens`: `length`, with what was written, as OpenAI.
+                        (content, Some(wire_calls(calls)), reason)
                     } else {
-                        let calls = calls
-                            .into_iter()
-                            .map(|c| WireToolCall {
-                                id: call_id(),
-                                kind: "function".into(),
-                                function: WireFunctionCall {
-                                    name: c.name,
-                                    arguments: c.arguments,
-                                },
-                            })
-                            .collect();
-                        (content, Some(calls), FinishReason::ToolCalls)
+                        (content, Some(wire_calls(calls)), FinishReason::ToolCalls)
                     }
                 } else {
                     (Some(text.clone()), None, reason)

@@ -115,7 +115,8 @@ impl Framer {
     }
 
     /// Chunks for what the tool parser let out: text as content deltas; each call as a
-    /// delta with its id, type and name (arguments empty), then one with its arguments.
+    /// delta with its id, type and name (arguments empty), then deltas with its arguments
+    /// as they come.
     fn tool_frames(
         &mut self,
         tools: &mut ToolFramer,
@@ -133,51 +134,70 @@ impl Framer {
                     };
                     bytes.extend_from_slice(&self.chat_chunk_with(delta, logprobs, None, None));
                 }
-                Out::Call(call) => {
-                    let index = tools.calls;
-                    tools.calls += 1;
+                Out::CallStart(name) => {
                     let id = super::generate::call_id();
-                    let head = ToolCallDelta {
-                        index,
-                        id: Some(&id),
-                        kind: Some("function"),
-                        function: FunctionDelta {
-                            name: Some(&call.name),
-                            arguments: "",
-                        },
-                    };
-                    let args = ToolCallDelta {
-                        index,
-                        id: None,
-                        kind: None,
-                        function: FunctionDelta {
-                            name: None,
-                            arguments: &call.arguments,
-                        },
-                    };
-                    for d in [head, args] {
-                        let delta = Delta {
-                            tool_calls: Some(vec![d]),
-                            ..Delta::default()
-                        };
-                        bytes.extend_from_slice(&self.chat_chunk(delta, None, None));
-                    }
+                    bytes.extend_from_slice(&self.call_head(tools, &id, &name));
+                }
+                Out::CallArgs(args) => {
+                    bytes.extend_from_slice(&self.call_args(tools, &args));
+                }
+                Out::Call(call) => {
+                    let id = super::generate::call_id();
+                    bytes.extend_from_slice(&self.call_head(tools, &id, &call.name));
+                    bytes.extend_from_slice(&self.call_args(tools, &call.arguments));
                 }
             }
         }
         Bytes::from(bytes)
     }
 
+    /// A call's first delta: a new index, its id, type and name, no arguments yet.
+    fn call_head(&self, tools: &mut ToolFramer, id: &str, name: &str) -> Bytes {
+        let index = tools.calls;
+        tools.calls += 1;
+        self.tool_delta(ToolCallDelta {
+            index,
+            id: Some(id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(name),
+                arguments: "",
+            },
+        })
+    }
+
+    /// More arguments of the call begun last.
+    fn call_args(&self, tools: &ToolFramer, args: &str) -> Bytes {
+        self.tool_delta(ToolCallDelta {
+            index: tools.calls.saturating_sub(1),
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: args,
+            },
+        })
+    }
+
+    fn tool_delta(&self, d: ToolCallDelta<'_>) -> Bytes {
+        let delta = Delta {
+            tool_calls: Some(vec![d]),
+            ..Delta::default()
+        };
+        self.chat_chunk(delta, None, None)
+    }
+
     /// Finish chunk, usage chunk if asked for, and the `[DONE]` sentinel, as one write.
     /// With tools, what the parser held back goes first, and a stream that sent calls
-    /// finishes with `tool_calls`.
+    /// and stopped on its own finishes with `tool_calls`.
     pub fn closing(&mut self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
         let mut out = Vec::new();
         let mut reason = reason;
         if let Some(mut tools) = self.tools.take() {
             let outs = std::mem::take(&mut tools.stream).finish();
             out.extend_from_slice(&self.tool_frames(&mut tools, outs, &[]));
-            if tools.calls > 0 {
+            // A reply cut by `max_tokens` stays `length`, calls or not, as OpenAI has it.
+            if tools.calls > 0 && reason == FinishReason::Stop {
                 reason = FinishReason::ToolCalls;
             }
         }
@@ -391,6 +411,75 @@ mod tests {
         assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(v["object"], "chat.completion.chunk");
         assert!(v.get("usage").is_none());
+    }
+
+    fn frames_of(bytes: &[u8]) -> Vec<serde_json::Value> {
+        std::str::from_utf8(bytes)
+            .expect("utf8")
+            .split("\n\n")
+            .filter(|f| f.starts_with("data: {"))
+            .map(|f| serde_json::from_str(&f["data: ".len()..]).expect("json"))
+            .collect()
+    }
+
+    #[test]
+    fn a_streamed_call_is_a_named_delta_then_argument_deltas_then_tool_calls() {
+        let mut f = framer(false);
+        f.tools = Some(ToolFramer::default());
+        let mut frames = Vec::new();
+        for piece in [
+            "<tool_call>\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {\"city\": ",
+            "\"Paris\"}}\n</tool_call>",
+        ] {
+            frames.extend(frames_of(&f.text(piece, &[])));
+        }
+        frames.extend(frames_of(&f.closing(
+            FinishReason::Stop,
+            Usage::default(),
+            Timings::default(),
+        )));
+        let calls: Vec<&serde_json::Value> = frames
+            .iter()
+            .filter_map(|v| v["choices"][0]["delta"]["tool_calls"].get(0))
+            .collect();
+        assert_eq!(calls[0]["index"], 0);
+        assert!(calls[0]["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("call_")));
+        assert_eq!(calls[0]["type"], "function");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["arguments"], "");
+        assert!(
+            calls.len() > 2,
+            "arguments in more than one delta: {frames:?}"
+        );
+        let args: String = calls[1..]
+            .iter()
+            .map(|c| {
+                assert!(c.get("id").is_none() && c["function"].get("name").is_none());
+                c["function"]["arguments"].as_str().unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(args, r#"{"city": "Paris"}"#);
+        let last = frames.last().expect("a closing chunk");
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn a_call_cut_by_max_tokens_finishes_with_length() {
+        let mut f = framer(false);
+        f.tools = Some(ToolFramer::default());
+        f.text(
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": ",
+            &[],
+        );
+        let closing =
+            frames_of(&f.closing(FinishReason::Length, Usage::default(), Timings::default()));
+        assert_eq!(
+            closing.last().expect("closing")["choices"][0]["finish_reason"],
+            "length"
+        );
     }
 
     #[test]
