@@ -22,6 +22,7 @@ use super::wire::{
 use super::AppState;
 use crate::engine::constraint::{Constraint, Grammar};
 use crate::engine::prompt::{Limit, PromptError};
+use crate::engine::select::BackendKind;
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::ToolUse;
 use crate::validate::{self, Input, ValidRequest};
@@ -103,6 +104,20 @@ async fn start(
     }
     validate::check_vocab(&req.sampling, engine.model().info().n_vocab)?;
     let mut req = req;
+    if req.grammar.is_some() && state.boot.selection.backend == BackendKind::Native {
+        let param = if req.tools.is_some() {
+            "tool_choice"
+        } else {
+            "response_format"
+        };
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "`{param}` needs constrained decoding, which the native backend does not \
+                 have; serve with `--backend llama`"
+            ),
+        ));
+    }
     if let Some(grammar) = req.grammar.take() {
         req.sampling.constraint = Some(compile(&engine, grammar, req.tools.is_some()).await?);
     }

@@ -151,6 +151,12 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
         "two concurrent 32-token completions in {took:?} ({:.1} tok/s together)",
         64.0 / took.as_secs_f64()
     );
+
+    // No grammar sampler on this backend: constrained output is refused by name.
+    let mut body = crate::harness::chat_body("x", 4);
+    body["response_format"] = json!({"type": "json_object"});
+    let resp = d.post("/v1/chat/completions", &body).await;
+    crate::harness::assert_error(resp, 400, Some("response_format"), None).await;
 }
 
 #[test]
