@@ -428,6 +428,10 @@ const BUILTIN_FILES: &[(&str, &str)] = &[
     ("x86_64-cpu", include_str!("../profiles/x86_64-cpu.toml")),
     ("aarch64-cpu", include_str!("../profiles/aarch64-cpu.toml")),
     ("cuda-dgpu", include_str!("../profiles/cuda-dgpu.toml")),
+    (
+        "qemu-virt-arm64",
+        include_str!("../profiles/qemu-virt-arm64.toml"),
+    ),
 ];
 
 /// Parses and checks every compiled-in profile, and the set as a whole (unique names, each

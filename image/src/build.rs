@@ -12,7 +12,8 @@ use crate::error::ImageError;
 use crate::ota;
 use crate::pack;
 use crate::progress::Progress;
-use crate::spec::{ModelInput, OtaInput, Spec, CONFIG_PATH, DAEMON_PATH};
+use crate::debian;
+use crate::spec::{Base, ModelInput, OtaInput, Spec, CONFIG_PATH, DAEMON_PATH};
 use crate::stage;
 use crate::tools;
 use crate::tree::{self, Specials};
@@ -23,18 +24,29 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const TARBALL_FILE: &str = "rootfs.tar.zst";
 
 /// How to build, apart from the spec.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BuildOptions {
     /// Every timestamp in the outputs (`SOURCE_DATE_EPOCH`).
     pub source_date_epoch: u64,
     pub progress: Progress,
+    /// Where Debian bases are built and kept (default: `debian-cache` beside `out`).
+    pub base_cache: Option<PathBuf>,
+    /// Also write `rootfs.tar.zst` (a flasher's input; VM tests and bundles need only the
+    /// image).
+    pub tarball: bool,
 }
+
+/// File names of the kernel and initrd written beside an image with a Debian base.
+pub const KERNEL_FILE: &str = "vmlinuz";
+pub const INITRD_FILE: &str = "initrd.img";
+/// The base's package list, copied beside the image.
+pub const PACKAGES_FILE: &str = "debian-packages.txt";
 
 /// What a build wrote.
 #[derive(Debug, Clone)]
 pub struct Built {
     pub image: PathBuf,
-    pub tarball: PathBuf,
+    pub tarball: Option<PathBuf>,
     pub manifest_path: PathBuf,
     /// The manifest beside the image (with `artifacts`).
     pub manifest: Manifest,
@@ -67,9 +79,22 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     std::fs::create_dir(&root).map_err(ImageError::io(&root))?;
     tree::set_mode(&root, 0o755)?;
 
-    tracing::info!(base = ?spec.base, "staging the base root filesystem");
-    stage::base(&spec.base, &root)?;
-    if let Some(overlay) = &spec.overlay {
+    let base = match &spec.base {
+        Base::Debian(debian) => {
+            let cache = match &opts.base_cache {
+                Some(c) => c.clone(),
+                None => out
+                    .parent()
+                    .unwrap_or_else(|| Path::new("."))
+                    .join("debian-cache"),
+            };
+            Base::Dir(debian.ensure(&cache, epoch)?)
+        }
+        other => other.clone(),
+    };
+    tracing::info!(base = ?base, "staging the base root filesystem");
+    stage::base(&base, &root)?;
+    for overlay in &spec.overlays {
         tracing::info!(overlay = %overlay.display(), "applying the overlay");
         stage::overlay(overlay, &root, &stage::template_vars(spec))?;
         stage::sysusers(overlay, &root)?;
@@ -120,15 +145,47 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     let nodes = tree::walk(&root, Specials::Refuse)?;
     let image_tmp = work.path().join(spec.format.file_name());
     tracing::info!(format = spec.format.as_str(), "packing the image");
-    pack::image(spec.format, &root, &image_tmp, epoch, &baked, progress)?;
+    pack::image(
+        spec.format,
+        &root,
+        &image_tmp,
+        epoch,
+        &baked,
+        spec.squashfs_compression,
+        progress,
+    )?;
     let tar_tmp = work.path().join(TARBALL_FILE);
-    tracing::info!("writing the tarball");
-    pack::tarball(&nodes, &tar_tmp, epoch, progress)?;
+    let tarball = if opts.tarball {
+        tracing::info!("writing the tarball");
+        pack::tarball(&nodes, &tar_tmp, epoch, progress)?;
+        Some(artifact(&tar_tmp, progress)?)
+    } else {
+        None
+    };
+    // Booting without a bootloader in the image (QEMU -kernel/-initrd) needs them outside.
+    let mut extras = Vec::new();
+    if matches!(spec.base, Base::Debian(_)) {
+        let (kernel, initrd) = debian::kernel_files(&root)?.ok_or_else(|| {
+            ImageError::UnsupportedEntry {
+                path: root.join("boot"),
+                message: "a Debian base has no /boot/vmlinuz-*: add a linux-image package".into(),
+            }
+        })?;
+        for (from, name) in [
+            (kernel, KERNEL_FILE),
+            (initrd, INITRD_FILE),
+            (tree::join(&root, debian::PACKAGES_PATH), PACKAGES_FILE),
+        ] {
+            let tmp = work.path().join(name);
+            std::fs::copy(&from, &tmp).map_err(ImageError::io(&from))?;
+            extras.push((tmp, out.join(name)));
+        }
+    }
 
     let beside = Manifest {
         artifacts: Some(Artifacts {
             image: artifact(&image_tmp, progress)?,
-            tarball: Some(artifact(&tar_tmp, progress)?),
+            tarball,
         }),
         ..manifest
     };
@@ -138,12 +195,21 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     std::fs::write(&manifest_tmp, beside.to_json_bytes()).map_err(ImageError::io(&manifest_tmp))?;
 
     let image = out.join(spec.format.file_name());
-    let tarball = out.join(TARBALL_FILE);
-    for (from, to) in [
-        (&image_tmp, &image),
-        (&tar_tmp, &tarball),
-        (&manifest_tmp, &manifest_path),
-    ] {
+    let tarball = opts.tarball.then(|| out.join(TARBALL_FILE));
+    // A stale tarball beside a new image would not match its manifest.
+    if tarball.is_none() {
+        let stale = out.join(TARBALL_FILE);
+        if stale.exists() {
+            std::fs::remove_file(&stale).map_err(ImageError::io(&stale))?;
+        }
+    }
+    let mut moves = vec![(image_tmp, image.clone())];
+    if let Some(t) = &tarball {
+        moves.push((tar_tmp, t.clone()));
+    }
+    moves.extend(extras);
+    moves.push((manifest_tmp, manifest_path.clone()));
+    for (from, to) in &moves {
         std::fs::rename(from, to).map_err(ImageError::io(to))?;
     }
     Ok(Built {

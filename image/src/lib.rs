@@ -7,6 +7,7 @@
 //!   profiles and the daemon's config keys before anything is built.
 //! - [`stage`]: the staging tree: base rootfs (directory or tarball), the `rootfs/` overlay
 //!   and its `*.in` templates, sysusers entries, the generated config, mount points.
+//! - [`debian`]: a Debian base built by mmdebstrap (cached), its kernel and initrd.
 //! - [`tree`]: walking and copying trees; the manifest's sorted file list.
 //! - [`build`]: the whole build; outputs are renamed into place only when complete.
 //! - [`pack`]: mksquashfs / mkfs.erofs with every byte-affecting option pinned, and the
@@ -24,6 +25,7 @@
 
 pub mod build;
 pub mod bundle;
+pub mod debian;
 pub mod elf;
 pub mod error;
 pub mod inspect;

@@ -40,6 +40,13 @@ enum Command {
         /// time and is not reproducible.
         #[arg(long, env = "SOURCE_DATE_EPOCH")]
         source_date_epoch: Option<u64>,
+        /// Where Debian bases (`base = { debian = ... }`) are built and kept
+        /// [default: debian-cache beside --out].
+        #[arg(long)]
+        base_cache: Option<PathBuf>,
+        /// Skip rootfs.tar.zst (the manifest then lists only the image).
+        #[arg(long)]
+        no_tarball: bool,
     },
     /// Check an image (or a mounted root) against its manifest; exit 1 on any mismatch.
     Verify {
@@ -143,6 +150,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             spec,
             out,
             source_date_epoch,
+            base_cache,
+            no_tarball,
         } => {
             let source_date_epoch = match source_date_epoch {
                 Some(epoch) => epoch,
@@ -161,12 +170,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &BuildOptions {
                     source_date_epoch,
                     progress,
+                    base_cache,
+                    tarball: !no_tarball,
                 },
             )?;
             if let Some(a) = &built.manifest.artifacts {
                 println!("{}  {}", a.image.sha256, built.image.display());
-                if let Some(t) = &a.tarball {
-                    println!("{}  {}", t.sha256, built.tarball.display());
+                if let (Some(t), Some(path)) = (&a.tarball, &built.tarball) {
+                    println!("{}  {}", t.sha256, path.display());
                 }
             }
             println!("manifest: {}", built.manifest_path.display());

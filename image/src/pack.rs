@@ -22,6 +22,42 @@ pub const EROFS_LZ4HC_LEVEL: u32 = 12;
 /// barely compressible weights.
 pub const TAR_ZSTD_LEVEL: i32 = 12;
 
+/// A squashfs compressor chosen by the spec (`squashfs_compression`); the default is zstd
+/// at [`SQUASHFS_ZSTD_LEVEL`]. Faster settings suit images that CI builds and throws away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SquashComp {
+    Zstd(u32),
+    Lz4,
+}
+
+impl SquashComp {
+    /// `zstd`, `zstd:N` (1..=22) or `lz4`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.split_once(':') {
+            None if s == "zstd" => Some(Self::Zstd(SQUASHFS_ZSTD_LEVEL)),
+            None if s == "lz4" => Some(Self::Lz4),
+            Some(("zstd", n)) => n
+                .parse()
+                .ok()
+                .filter(|n| (1..=22).contains(n))
+                .map(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    fn args(self) -> Vec<String> {
+        match self {
+            Self::Zstd(level) => vec![
+                "-comp".into(),
+                "zstd".into(),
+                "-Xcompression-level".into(),
+                level.to_string(),
+            ],
+            Self::Lz4 => vec!["-comp".into(), "lz4".into()],
+        }
+    }
+}
+
 /// Packs `root` into `out` as a squashfs or erofs image. `seed` (the baked manifest's
 /// bytes) makes the erofs UUID unique per image yet reproducible.
 pub fn image(
@@ -30,6 +66,7 @@ pub fn image(
     out: &Path,
     epoch: u64,
     seed: &[u8],
+    squashfs: Option<SquashComp>,
     progress: &Progress,
 ) -> Result<(), ImageError> {
     if out.exists() {
@@ -39,27 +76,29 @@ pub fn image(
     let epoch = epoch.to_string();
     let result = match format {
         ImageFormat::Squashfs => {
-            let level = SQUASHFS_ZSTD_LEVEL.to_string();
-            MKSQUASHFS.run([
-                root.as_os_str(),
-                out.as_os_str(),
-                "-noappend".as_ref(),
-                "-no-xattrs".as_ref(),
-                "-all-root".as_ref(),
-                "-reproducible".as_ref(),
-                "-comp".as_ref(),
-                "zstd".as_ref(),
-                "-Xcompression-level".as_ref(),
-                level.as_ref(),
-                "-b".as_ref(),
-                "131072".as_ref(),
-                "-mkfs-time".as_ref(),
-                epoch.as_ref(),
-                "-all-time".as_ref(),
-                epoch.as_ref(),
-                "-quiet".as_ref(),
-                "-no-progress".as_ref(),
-            ])
+            let comp = squashfs.unwrap_or(SquashComp::Zstd(SQUASHFS_ZSTD_LEVEL));
+            let mut args: Vec<std::ffi::OsString> = vec![
+                root.into(),
+                out.into(),
+                "-noappend".into(),
+                "-no-xattrs".into(),
+                "-all-root".into(),
+                "-reproducible".into(),
+            ];
+            args.extend(comp.args().into_iter().map(Into::into));
+            for a in [
+                "-b",
+                "131072",
+                "-mkfs-time",
+                &epoch,
+                "-all-time",
+                &epoch,
+                "-quiet",
+                "-no-progress",
+            ] {
+                args.push(a.into());
+            }
+            MKSQUASHFS.run(args)
         }
         ImageFormat::Erofs => {
             let comp = format!("-zlz4hc,{EROFS_LZ4HC_LEVEL}");
@@ -175,6 +214,16 @@ pub fn zstd_version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn squashfs_compression_parses() {
+        assert_eq!(SquashComp::parse("lz4"), Some(SquashComp::Lz4));
+        assert_eq!(SquashComp::parse("zstd"), Some(SquashComp::Zstd(15)));
+        assert_eq!(SquashComp::parse("zstd:3"), Some(SquashComp::Zstd(3)));
+        assert_eq!(SquashComp::parse("zstd:0"), None);
+        assert_eq!(SquashComp::parse("zstd:23"), None);
+        assert_eq!(SquashComp::parse("gzip"), None);
+    }
 
     #[test]
     fn uuid_is_stable_and_well_formed() {

@@ -69,9 +69,14 @@ struct SpecFile {
     board: String,
     version: String,
     format: ImageFormat,
-    base: PathBuf,
+    /// A path (directory, .tar, .tar.zst) or a table `{ debian = "bookworm", ... }`.
+    base: toml::Value,
+    /// A directory, or a list of them applied in order (a later file replaces an earlier).
     #[serde(default)]
-    overlay: Option<PathBuf>,
+    overlay: Option<Overlays>,
+    /// `zstd` (level 15, the default), `zstd:N` or `lz4`: squashfs images only.
+    #[serde(default)]
+    squashfs_compression: Option<String>,
     memory_max: String,
     daemon: DaemonFile,
     model: ModelFile,
@@ -79,6 +84,30 @@ struct SpecFile {
     config: toml::Table,
     #[serde(default)]
     ota: Option<OtaFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Overlays {
+    One(PathBuf),
+    Many(Vec<PathBuf>),
+}
+
+/// `base = { debian = "bookworm", ... }`: a root built by mmdebstrap.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebianFile {
+    /// Suite or codename.
+    debian: String,
+    /// Default `http://deb.debian.org/debian`; a snapshot.debian.org URL pins versions.
+    #[serde(default)]
+    mirror: Option<String>,
+    /// Installed after the essential packages and [`crate::debian::REQUIRED_PACKAGES`].
+    #[serde(default)]
+    packages: Vec<String>,
+    /// Kernel modules to keep (their dependencies too); every other one is deleted.
+    #[serde(default)]
+    keep_modules: Option<Vec<String>>,
 }
 
 /// `[ota]`: what a box needs to accept RAUC updates.
@@ -137,7 +166,10 @@ pub struct Spec {
     pub version: String,
     pub format: ImageFormat,
     pub base: Base,
-    pub overlay: Option<PathBuf>,
+    /// Overlay directories, applied in order.
+    pub overlays: Vec<PathBuf>,
+    /// mksquashfs compressor; `None` is the pinned default.
+    pub squashfs_compression: Option<crate::pack::SquashComp>,
     /// systemd `MemoryMax=` value for the unit.
     pub memory_max: String,
     pub daemon: DaemonInput,
@@ -166,6 +198,8 @@ pub struct OtaInput {
 pub enum Base {
     Dir(PathBuf),
     Tar { path: PathBuf, zstd: bool },
+    /// Built by mmdebstrap (and cached) at build time.
+    Debian(crate::debian::DebianBase),
 }
 
 #[derive(Debug, Clone)]
@@ -240,43 +274,22 @@ impl Spec {
         check_version("version", &file.version)?;
         check_memory_max(&file.memory_max, board)?;
 
-        let base_path = resolve(&file.base);
-        let base_meta = metadata("base", &base_path)?;
-        let base = if base_meta.is_dir() {
-            Base::Dir(base_path)
-        } else {
-            let name = base_path.to_string_lossy();
-            if name.ends_with(".tar") {
-                Base::Tar {
-                    path: base_path,
-                    zstd: false,
-                }
-            } else if name.ends_with(".tar.zst") || name.ends_with(".tzst") {
-                Base::Tar {
-                    path: base_path,
-                    zstd: true,
-                }
-            } else {
+        let listed = match file.overlay {
+            None => Vec::new(),
+            Some(Overlays::One(p)) => vec![p],
+            Some(Overlays::Many(v)) => v,
+        };
+        let mut overlays = Vec::with_capacity(listed.len());
+        for p in listed {
+            let p = resolve(&p);
+            if !metadata("overlay", &p)?.is_dir() {
                 return Err(invalid(
-                    "base",
-                    format!("{name} must be a directory, a .tar or a .tar.zst"),
+                    "overlay",
+                    format!("{} must be a directory", p.display()),
                 ));
             }
-        };
-
-        let overlay = match &file.overlay {
-            Some(p) => {
-                let p = resolve(p);
-                if !metadata("overlay", &p)?.is_dir() {
-                    return Err(invalid(
-                        "overlay",
-                        format!("{} must be a directory", p.display()),
-                    ));
-                }
-                Some(p)
-            }
-            None => None,
-        };
+            overlays.push(p);
+        }
 
         let daemon_path = resolve(&file.daemon.path);
         metadata("daemon.path", &daemon_path)?;
@@ -288,6 +301,22 @@ impl Spec {
             target,
         };
 
+        let base = check_base(file.base, &daemon.target, &resolve)?;
+        let squashfs_compression = match &file.squashfs_compression {
+            None => None,
+            Some(_) if file.format != ImageFormat::Squashfs => {
+                return Err(invalid(
+                    "squashfs_compression",
+                    "applies to squashfs images only",
+                ))
+            }
+            Some(c) => Some(crate::pack::SquashComp::parse(c).ok_or_else(|| {
+                invalid(
+                    "squashfs_compression",
+                    format!("{c:?} must be zstd, zstd:N (1 to 22) or lz4"),
+                )
+            })?),
+        };
         let model = check_model(file.model, &resolve)?;
         let config = check_config(file.config)?;
         let ota = match file.ota {
@@ -301,13 +330,140 @@ impl Spec {
             version: file.version,
             format: file.format,
             base,
-            overlay,
+            overlays,
+            squashfs_compression,
             memory_max: file.memory_max,
             daemon,
             model,
             config,
             ota,
         })
+    }
+}
+
+fn check_base(
+    value: toml::Value,
+    target: &str,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<Base, ImageError> {
+    let table = match value {
+        toml::Value::String(path) => return check_base_path(resolve(Path::new(&path))),
+        toml::Value::Table(t) => t,
+        other => {
+            return Err(invalid(
+                "base",
+                format!(
+                    "must be a path or a table like {{ debian = \"bookworm\" }}, not a {}",
+                    other.type_str()
+                ),
+            ))
+        }
+    };
+    let file: DebianFile = table
+        .try_into()
+        .map_err(|e: toml::de::Error| invalid("base", e.message().to_string()))?;
+    let suite_ok = !file.debian.is_empty()
+        && file
+            .debian
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !suite_ok {
+        return Err(invalid(
+            "base.debian",
+            format!("{:?} must be a suite or codename, e.g. \"bookworm\"", file.debian),
+        ));
+    }
+    let mirror = file
+        .mirror
+        .unwrap_or_else(|| "http://deb.debian.org/debian".to_string());
+    if !["http://", "https://", "file:/"]
+        .iter()
+        .any(|p| mirror.starts_with(p))
+        || mirror.contains(char::is_whitespace)
+    {
+        return Err(invalid(
+            "base.mirror",
+            format!("{mirror:?} must be an http://, https:// or file:/ URL"),
+        ));
+    }
+    let arch = crate::debian::debian_arch(target).ok_or_else(|| {
+        invalid(
+            "base.debian",
+            format!("no Debian architecture for the daemon's target {target}"),
+        )
+    })?;
+    let mut packages: Vec<String> = Vec::new();
+    for p in crate::debian::REQUIRED_PACKAGES
+        .iter()
+        .map(|s| s.to_string())
+        .chain(file.packages)
+    {
+        if !crate::debian::is_package(&p) {
+            return Err(invalid(
+                "base.packages",
+                format!("{p:?} is not a Debian package name (optionally name=version)"),
+            ));
+        }
+        if !packages.contains(&p) {
+            packages.push(p);
+        }
+    }
+    if !packages
+        .iter()
+        .any(|p| p.starts_with("linux-image-"))
+    {
+        return Err(invalid(
+            "base.packages",
+            "must include a kernel (linux-image-arm64, say): the image boots it",
+        ));
+    }
+    let keep_modules = match file.keep_modules {
+        Some(m) => {
+            if let Some(bad) = m.iter().find(|m| {
+                m.is_empty()
+                    || !m
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            }) {
+                return Err(invalid(
+                    "base.keep_modules",
+                    format!("{bad:?} is not a kernel module name"),
+                ));
+            }
+            Some(m)
+        }
+        None => None,
+    };
+    Ok(Base::Debian(crate::debian::DebianBase {
+        suite: file.debian,
+        arch: arch.to_string(),
+        mirror,
+        packages,
+        keep_modules,
+    }))
+}
+
+fn check_base_path(base_path: PathBuf) -> Result<Base, ImageError> {
+    let base_meta = metadata("base", &base_path)?;
+    if base_meta.is_dir() {
+        return Ok(Base::Dir(base_path));
+    }
+    let name = base_path.to_string_lossy();
+    if name.ends_with(".tar") {
+        Ok(Base::Tar {
+            path: base_path,
+            zstd: false,
+        })
+    } else if name.ends_with(".tar.zst") || name.ends_with(".tzst") {
+        Ok(Base::Tar {
+            path: base_path,
+            zstd: true,
+        })
+    } else {
+        Err(invalid(
+            "base",
+            format!("{name} must be a directory, a .tar or a .tar.zst"),
+        ))
     }
 }
 

@@ -23,6 +23,12 @@ pub fn base(base: &Base, root: &Path) -> Result<(), ImageError> {
             };
             unpack_tar(reader, path, root)
         }
+        // The builder runs mmdebstrap first and stages the resulting directory.
+        Base::Debian(d) => Err(ImageError::UnsupportedEntry {
+            path: PathBuf::from(&d.suite),
+            message: "a Debian base must be built (debian::DebianBase::ensure) before staging"
+                .into(),
+        }),
     }
 }
 

@@ -31,6 +31,10 @@ pub const RAUC: Tool = Tool {
     name: "rauc",
     package: "rauc",
 };
+pub const MMDEBSTRAP: Tool = Tool {
+    name: "mmdebstrap",
+    package: "mmdebstrap",
+};
 pub const FSCK_EROFS: Tool = Tool {
     name: "fsck.erofs",
     package: "erofs-utils",

@@ -23,6 +23,7 @@ fn every_builtin_profile_parses_and_names_are_unique() {
             "x86_64-cpu",
             "aarch64-cpu",
             "cuda-dgpu",
+            "qemu-virt-arm64",
         ]
     );
     check_set(&profiles).expect("names and compatible strings unique");

@@ -28,6 +28,12 @@ mod reuse;
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
+/// Test-only fault hook for the systemd watchdog test (`make vm-test`): while the file this
+/// variable names exists, the decode loop blocks, its heartbeat goes stale and the daemon
+/// withholds `WATCHDOG=1`. Inert when unset; the image never sets it (the VM test adds a
+/// runtime drop-in under /run).
+pub const DEBUG_STALL_ENV: &str = "INFERLOOP_DEBUG_STALL_FILE";
+
 pub(super) struct Scheduler<'v, B> {
     backend: B,
     vocab: &'v dyn Vocab,
@@ -42,6 +48,8 @@ pub(super) struct Scheduler<'v, B> {
     thermal_state: ThermalState,
     /// What each slot's KV cells hold, for prompt reuse.
     prefix: PrefixIndex,
+    /// [`DEBUG_STALL_ENV`], read once at start.
+    stall_file: Option<std::path::PathBuf>,
 }
 
 impl<'v, B: Backend> Scheduler<'v, B> {
@@ -70,6 +78,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             thermal,
             thermal_state: ThermalState::Normal,
             prefix: PrefixIndex::new(plan.sequences(), plan.prefix_cache),
+            stall_file: std::env::var_os(DEBUG_STALL_ENV).map(Into::into),
         }
     }
 
@@ -79,6 +88,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 
     pub(super) fn run_loop(&mut self, rx: &Receiver<Command>) {
         loop {
+            self.debug_stall();
             if self.state.active() == 0 {
                 // Nothing to decode: wait for work, waking to expire queue timeouts.
                 match rx.recv_timeout(IDLE_TICK) {
@@ -111,6 +121,18 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 self.drop_departed();
                 self.publish_load();
             }
+        }
+    }
+
+    /// Blocks while the [`DEBUG_STALL_ENV`] file exists (see there).
+    fn debug_stall(&self) {
+        let Some(path) = &self.stall_file else { return };
+        if path.exists() {
+            tracing::warn!(path = %path.display(), "debug stall file present: decode loop blocked");
+            while path.exists() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            tracing::warn!("debug stall file gone: decode loop resumes");
         }
     }
 

@@ -147,6 +147,8 @@ pub fn options() -> BuildOptions {
     BuildOptions {
         source_date_epoch: EPOCH,
         progress: Progress::hidden(),
+        base_cache: None,
+        tarball: true,
     }
 }
 

@@ -17,7 +17,7 @@ fn repo() -> PathBuf {
 fn built_tree(f: &Fixture) -> PathBuf {
     let built = f.build(&f.spec("squashfs"), "out");
     let dest = f.path("unpacked");
-    let file = std::fs::File::open(&built.tarball).expect("open");
+    let file = std::fs::File::open(built.tarball.as_ref().expect("tarball")).expect("open");
     let mut archive = tar::Archive::new(zstd::Decoder::new(file).expect("zstd"));
     archive.set_preserve_permissions(true);
     archive.unpack(&dest).expect("unpack");

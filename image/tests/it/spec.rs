@@ -210,3 +210,107 @@ fn base_tarball_must_be_tar_or_tar_zst() {
         Err(ImageError::SpecInvalid { field: "base", .. })
     ));
 }
+
+#[test]
+fn debian_base_table_loads_with_required_packages_first_and_arch_from_target() {
+    let f = Fixture::new();
+    let text = good(&f).replace(
+        "base = \"base\"",
+        "base = { debian = \"bookworm\", packages = [\"linux-image-arm64\", \"rauc\", \"systemd\"], \
+         keep_modules = [\"virtio_blk\", \"dm-verity\"] }",
+    );
+    let spec = load(&f, &text).expect("debian base");
+    let inferloop_image::spec::Base::Debian(d) = &spec.base else {
+        panic!("expected a Debian base, got {:?}", spec.base);
+    };
+    assert_eq!(d.suite, "bookworm");
+    assert_eq!(d.arch, "arm64");
+    assert_eq!(d.mirror, "http://deb.debian.org/debian");
+    let required = inferloop_image::debian::REQUIRED_PACKAGES;
+    assert_eq!(&d.packages[..required.len()], required);
+    // "systemd" is required already: listed once.
+    assert_eq!(
+        &d.packages[required.len()..],
+        ["linux-image-arm64", "rauc"]
+    );
+    assert_eq!(
+        d.keep_modules.as_deref(),
+        Some(&["virtio_blk".to_string(), "dm-verity".to_string()][..])
+    );
+}
+
+#[test]
+fn debian_base_without_a_kernel_is_refused() {
+    let f = Fixture::new();
+    let text = good(&f).replace("base = \"base\"", "base = { debian = \"bookworm\" }");
+    match load(&f, &text) {
+        Err(e @ ImageError::SpecInvalid {
+            field: "base.packages",
+            ..
+        }) => assert!(e.to_string().contains("linux-image"), "{e}"),
+        other => panic!("expected SpecInvalid base.packages, got {other:?}"),
+    }
+}
+
+#[test]
+fn debian_base_refuses_unknown_keys_bad_names_and_mirrors() {
+    let f = Fixture::new();
+    let with = |base: &str| good(&f).replace("base = \"base\"", &format!("base = {base}"));
+    for (base, field) in [
+        (
+            "{ debian = \"bookworm\", packages = [\"linux-image-arm64\"], extra = 1 }",
+            "base",
+        ),
+        ("{ debian = \"Bookworm!\", packages = [\"linux-image-arm64\"] }", "base.debian"),
+        ("{ debian = \"bookworm\", packages = [\"linux-image-arm64\", \"a;b\"] }", "base.packages"),
+        (
+            "{ debian = \"bookworm\", packages = [\"linux-image-arm64\"], mirror = \"ftp://x\" }",
+            "base.mirror",
+        ),
+        (
+            "{ debian = \"bookworm\", packages = [\"linux-image-arm64\"], keep_modules = [\"a b\"] }",
+            "base.keep_modules",
+        ),
+        ("42", "base"),
+    ] {
+        match load(&f, &with(base)) {
+            Err(ImageError::SpecInvalid { field: got, .. }) => {
+                assert_eq!(got, field, "{base}")
+            }
+            other => panic!("{base}: expected SpecInvalid {field}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn overlay_list_and_squashfs_compression() {
+    let f = Fixture::new();
+    let overlay = crate::common::overlay_dir();
+    let second = f.path("second-overlay");
+    std::fs::create_dir(&second).expect("mkdir");
+    let text = good(&f)
+        .replace(
+            &format!("overlay = \"{}\"", overlay.display()),
+            &format!(
+                "overlay = [\"{}\", \"second-overlay\"]\nsquashfs_compression = \"lz4\"",
+                overlay.display()
+            ),
+        );
+    let spec = load(&f, &text).expect("spec");
+    assert_eq!(spec.overlays, [overlay, second]);
+    assert_eq!(
+        spec.squashfs_compression,
+        Some(inferloop_image::pack::SquashComp::Lz4)
+    );
+    let bad = good(&f).replace(
+        "memory_max",
+        "squashfs_compression = \"gzip\"\nmemory_max",
+    );
+    assert!(matches!(
+        load(&f, &bad),
+        Err(ImageError::SpecInvalid {
+            field: "squashfs_compression",
+            ..
+        })
+    ));
+}

@@ -106,6 +106,7 @@ fn altered_file_is_named(format: ImageFormat) {
         &built.image,
         EPOCH,
         b"seed",
+        None,
         &Progress::hidden(),
     )
     .expect("repack");

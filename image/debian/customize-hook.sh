@@ -1,0 +1,42 @@
+#!/bin/sh
+# mmdebstrap --customize-hook: runs on the host after every package is installed. $1 is
+# the root; INFERLOOP_KEEP_MODULES names the kernel modules to keep (their dependencies
+# are kept too), every other module is deleted and depmod rerun. The initrd was built with
+# MODULES=list from modules this keeps, so it stays valid.
+set -eu
+root="$1"
+keep="${INFERLOOP_KEEP_MODULES:-}"
+
+for kdir in "$root"/usr/lib/modules/*; do
+	[ -d "$kdir" ] || continue
+	kver=$(basename "$kdir")
+	if [ -n "$keep" ]; then
+		list=$(mktemp)
+		for m in $keep; do
+			# Built-in or absent modules print nothing useful; that is fine.
+			modprobe -d "$root" -S "$kver" --show-depends "$m" 2>/dev/null || true
+		done | sed -n 's/^insmod \([^ ]*\).*/\1/p' | xargs -r -n1 basename | sort -u > "$list"
+		find "$kdir/kernel" -type f -name '*.ko*' | while read -r f; do
+			grep -qxF "$(basename "$f")" "$list" || rm -f "$f"
+		done
+		find "$kdir/kernel" -depth -type d -empty -delete
+		rm -f "$list"
+		depmod -b "$root" "$kver"
+	fi
+done
+
+# A DHCP client on every wired interface (systemd-networkd, part of systemd).
+mkdir -p "$root/etc/systemd/network"
+printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n' > "$root/etc/systemd/network/20-wired.network"
+chroot "$root" systemctl enable systemd-networkd.service >/dev/null 2>&1
+printf 'inferloop\n' > "$root/etc/hostname"
+
+# The exact package set, for the manifest (hashed like every file) and for rebuilding.
+mkdir -p "$root/usr/share/inferloop"
+chroot "$root" dpkg-query -W -f '${Package}=${Version} ${Architecture}\n' | LC_ALL=C sort \
+	> "$root/usr/share/inferloop/debian-packages.txt"
+
+# Nothing host- or time-dependent: apt caches, logs, the resolver the build used.
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
+	"$root"/var/cache/ldconfig/aux-cache "$root"/var/log/* "$root"/etc/resolv.conf
+: > "$root/etc/machine-id"
