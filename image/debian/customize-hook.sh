@@ -6,6 +6,9 @@
 set -eu
 root="$1"
 keep="${INFERLOOP_KEEP_MODULES:-}"
+# modprobe and depmod of the root being built (kmod is a required package), run through
+# qemu-user: the build host needs no kmod of its own.
+kmod() { chroot "$root" "$@"; }
 
 for kdir in "$root"/usr/lib/modules/*; do
 	[ -d "$kdir" ] || continue
@@ -14,14 +17,17 @@ for kdir in "$root"/usr/lib/modules/*; do
 		list=$(mktemp)
 		for m in $keep; do
 			# Built-in or absent modules print nothing useful; that is fine.
-			modprobe -d "$root" -S "$kver" --show-depends "$m" 2>/dev/null || true
+			kmod /usr/sbin/modprobe -S "$kver" --show-depends "$m" 2>/dev/null || true
 		done | sed -n 's/^insmod \([^ ]*\).*/\1/p' | xargs -r -n1 basename | sort -u > "$list"
+		# An empty list means modprobe itself failed: deleting every module would give a
+		# root that cannot mount its own disks.
+		[ -s "$list" ] || { echo "customize-hook: no module of '$keep' found for $kver" >&2; exit 1; }
 		find "$kdir/kernel" -type f -name '*.ko*' | while read -r f; do
 			grep -qxF "$(basename "$f")" "$list" || rm -f "$f"
 		done
 		find "$kdir/kernel" -depth -type d -empty -delete
 		rm -f "$list"
-		depmod -b "$root" "$kver"
+		kmod /usr/sbin/depmod "$kver"
 	fi
 done
 

@@ -47,11 +47,15 @@ pub struct DebianBase {
     pub packages: Vec<String>,
     /// Kernel modules to keep (with their dependencies); `None` keeps them all.
     pub keep_modules: Option<Vec<String>>,
+    /// `SOURCE_DATE_EPOCH` for mmdebstrap; `None` uses the build's. A fixed value lets one
+    /// cached base serve builds of many commits.
+    pub epoch: Option<u64>,
 }
 
 impl DebianBase {
     /// The cache key: every input that decides the tree's bytes.
-    pub fn key(&self, epoch: u64) -> String {
+    pub fn key(&self, build_epoch: u64) -> String {
+        let epoch = self.epoch.unwrap_or(build_epoch);
         let modules = self
             .keep_modules
             .as_ref()
@@ -69,7 +73,8 @@ impl DebianBase {
 
     /// The root tree in `cache`, built by mmdebstrap unless a tree for the same key is
     /// there already. A half-built tree never has the final name.
-    pub fn ensure(&self, cache: &Path, epoch: u64) -> Result<PathBuf, ImageError> {
+    pub fn ensure(&self, cache: &Path, build_epoch: u64) -> Result<PathBuf, ImageError> {
+        let epoch = self.epoch.unwrap_or(build_epoch);
         let dir = cache.join(format!("{}-{}-{}", self.suite, self.arch, self.key(epoch)));
         let root = dir.join("root");
         if root.join("usr").is_dir() {
@@ -212,6 +217,7 @@ mod tests {
             mirror: "http://deb.debian.org/debian".into(),
             packages: vec!["systemd".into(), "rauc".into()],
             keep_modules: Some(vec!["virtio_blk".into()]),
+            epoch: None,
         }
     }
 
@@ -230,6 +236,11 @@ mod tests {
         let mut d = base();
         d.mirror = "http://snapshot.debian.org/archive/debian/20250101T000000Z".into();
         assert_ne!(k, d.key(1));
+        // A pinned epoch wins over the build's.
+        let mut e = base();
+        e.epoch = Some(7);
+        assert_eq!(e.key(1), e.key(2));
+        assert_eq!(e.key(1), base().key(7));
     }
 
     #[test]

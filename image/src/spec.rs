@@ -108,6 +108,9 @@ struct DebianFile {
     /// Kernel modules to keep (their dependencies too); every other one is deleted.
     #[serde(default)]
     keep_modules: Option<Vec<String>>,
+    /// SOURCE_DATE_EPOCH of the base (default: the build's).
+    #[serde(default)]
+    epoch: Option<u64>,
 }
 
 /// `[ota]`: what a box needs to accept RAUC updates.
@@ -440,6 +443,7 @@ fn check_base(
         mirror,
         packages,
         keep_modules,
+        epoch: file.epoch,
     }))
 }
 
