@@ -212,9 +212,11 @@ class Boot:
         self.log_path = work / f"serial-{name}.log"
         self.logf = open(self.log_path, "w")
         log(f"[{name}] booting slot {slot}")
+        self.eof = False
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self):
         for raw in self.proc.stdout:
@@ -228,7 +230,9 @@ class Boot:
                     key, value = m.group(1), m.group(2)
                     self.markers.setdefault(key, (value, time.monotonic() - self.t0))
                 self.cond.notify_all()
+        self.logf.close()
         with self.cond:
+            self.eof = True
             self.cond.notify_all()
 
     def elapsed(self):
@@ -240,7 +244,7 @@ class Boot:
         with self.cond:
             while key not in self.markers:
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and key not in self.markers:
+                if left <= 0 or self.eof:
                     raise Fail(f"[{self.name}] no `{key}` from the guest within {timeout} s "
                                f"(serial log {self.log_path})")
                 self.cond.wait(min(left, 1.0))
@@ -261,7 +265,7 @@ class Boot:
                         return line
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
+                if left <= 0 or self.eof:
                     raise Fail(f"[{self.name}] no line matching {pattern!r} within {timeout} s")
                 self.cond.wait(min(left, 1.0))
 
@@ -271,14 +275,14 @@ class Boot:
         except subprocess.TimeoutExpired:
             self.kill()
             raise Fail(f"[{self.name}] QEMU still running after {timeout} s (serial log {self.log_path})")
-        time.sleep(0.2)
-        self.logf.close()
+        self.reader.join(10)
         return self.elapsed()
 
     def kill(self):
+        """kill -9, as a power cut."""
         self.proc.kill()
         self.proc.wait()
-        self.logf.close()
+        self.reader.join(10)
 
 
 def wait_ready(port, boot, timeout):
@@ -337,6 +341,7 @@ CHECKS = r"""
 state=$(systemctl is-system-running --wait)
 say uptime_at_running "$(cut -d' ' -f1 /proc/uptime)"
 say system_state "$state"
+say analyze "$(systemd-analyze 2>/dev/null | head -n 1)"
 say failed_units "$(systemctl --failed --no-legend --plain | awk '{print $1}' | paste -sd, -)"
 say root_options "$(findmnt -no OPTIONS /)"
 say root_fstype "$(findmnt -no FSTYPE /)"
@@ -395,6 +400,7 @@ for _ in $(seq 1 400); do
 done
 say daemon_state "$(prop inferloopd ActiveState) $(prop inferloopd Result) status=$(prop inferloopd ExecMainStatus)"
 say health "$(prop inferloop-health ActiveState) $(prop inferloop-health Result)"
+say health_took "$(systemctl show -p ExecMainStartTimestampMonotonic -p ExecMainExitTimestampMonotonic --value inferloop-health | paste -sd' ' - | awk '{printf "%.1f", ($2-$1)/1e6}')"
 say rauc_after_health "$(rauc_state)"
 """
 
