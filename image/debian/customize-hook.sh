@@ -37,6 +37,12 @@ printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n' > "$root/etc/systemd/netw
 chroot "$root" systemctl enable systemd-networkd.service >/dev/null 2>&1
 printf 'inferloop\n' > "$root/etc/hostname"
 
+# The root is read-only at run time: systemd cannot create a unit's StateDirectory= there
+# (systemd-logind's systemd/linger, say), so every one the packages' units name exists
+# already. Writable state lives on /data.
+sed -n 's/^StateDirectory=//p' "$root"/usr/lib/systemd/system/*.service | tr ' ' '\n' |
+	while read -r d; do [ -n "$d" ] && mkdir -p "$root/var/lib/$d"; done
+
 # The exact package set, for the manifest (hashed like every file) and for rebuilding.
 mkdir -p "$root/usr/share/inferloop"
 chroot "$root" dpkg-query -W -f '${Package}=${Version} ${Architecture}\n' | LC_ALL=C sort \

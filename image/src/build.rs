@@ -8,11 +8,11 @@ use inferloop_manifest::{
     BAKED_PATH, SCHEMA_VERSION,
 };
 
+use crate::debian;
 use crate::error::ImageError;
 use crate::ota;
 use crate::pack;
 use crate::progress::Progress;
-use crate::debian;
 use crate::spec::{Base, ModelInput, OtaInput, Spec, CONFIG_PATH, DAEMON_PATH};
 use crate::stage;
 use crate::tools;
@@ -165,12 +165,11 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     // Booting without a bootloader in the image (QEMU -kernel/-initrd) needs them outside.
     let mut extras = Vec::new();
     if matches!(spec.base, Base::Debian(_)) {
-        let (kernel, initrd) = debian::kernel_files(&root)?.ok_or_else(|| {
-            ImageError::UnsupportedEntry {
+        let (kernel, initrd) =
+            debian::kernel_files(&root)?.ok_or_else(|| ImageError::UnsupportedEntry {
                 path: root.join("boot"),
                 message: "a Debian base has no /boot/vmlinuz-*: add a linux-image package".into(),
-            }
-        })?;
+            })?;
         for (from, name) in [
             (kernel, KERNEL_FILE),
             (initrd, INITRD_FILE),

@@ -200,7 +200,10 @@ pub struct OtaInput {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Base {
     Dir(PathBuf),
-    Tar { path: PathBuf, zstd: bool },
+    Tar {
+        path: PathBuf,
+        zstd: bool,
+    },
     /// Built by mmdebstrap (and cached) at build time.
     Debian(crate::debian::DebianBase),
 }
@@ -373,7 +376,10 @@ fn check_base(
     if !suite_ok {
         return Err(invalid(
             "base.debian",
-            format!("{:?} must be a suite or codename, e.g. \"bookworm\"", file.debian),
+            format!(
+                "{:?} must be a suite or codename, e.g. \"bookworm\"",
+                file.debian
+            ),
         ));
     }
     let mirror = file
@@ -411,10 +417,7 @@ fn check_base(
             packages.push(p);
         }
     }
-    if !packages
-        .iter()
-        .any(|p| p.starts_with("linux-image-"))
-    {
+    if !packages.iter().any(|p| p.starts_with("linux-image-")) {
         return Err(invalid(
             "base.packages",
             "must include a kernel (linux-image-arm64, say): the image boots it",

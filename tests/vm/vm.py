@@ -342,6 +342,7 @@ state=$(systemctl is-system-running --wait)
 say uptime_at_running "$(cut -d' ' -f1 /proc/uptime)"
 say system_state "$state"
 say analyze "$(systemd-analyze 2>/dev/null | head -n 1)"
+say health "$(prop inferloop-health ActiveState) $(prop inferloop-health Result)"
 say failed_units "$(systemctl --failed --no-legend --plain | awk '{print $1}' | paste -sd, -)"
 say root_options "$(findmnt -no OPTIONS /)"
 say root_fstype "$(findmnt -no FSTYPE /)"

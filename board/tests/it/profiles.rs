@@ -207,12 +207,15 @@ fn jetson_profiles_update_app_and_app_b_and_generic_ones_have_no_ota() {
             .iter()
             .map(|s| (s.name.as_str(), s.device.as_str(), s.bootname.as_str()))
             .collect();
+        // The VM's slots are its first two virtio disks (tests/vm/vm.py).
+        let (a, b) = if p.name == "qemu-virt-arm64" {
+            ("/dev/vda", "/dev/vdb")
+        } else {
+            ("/dev/disk/by-partlabel/APP", "/dev/disk/by-partlabel/APP_b")
+        };
         assert_eq!(
             slots,
-            [
-                ("rootfs.0", "/dev/disk/by-partlabel/APP", "A"),
-                ("rootfs.1", "/dev/disk/by-partlabel/APP_b", "B"),
-            ],
+            [("rootfs.0", a, "A"), ("rootfs.1", b, "B")],
             "{}",
             p.name
         );

@@ -20,7 +20,10 @@ fn builds_twice_identically(format: &str) {
     assert_ne!(built_a.image, built_b.image, "two different directories");
     for (x, y) in [
         (&built_a.image, &built_b.image),
-        (built_a.tarball.as_ref().expect("tarball"), built_b.tarball.as_ref().expect("tarball")),
+        (
+            built_a.tarball.as_ref().expect("tarball"),
+            built_b.tarball.as_ref().expect("tarball"),
+        ),
         (&built_a.manifest_path, &built_b.manifest_path),
     ] {
         assert!(

@@ -229,10 +229,7 @@ fn debian_base_table_loads_with_required_packages_first_and_arch_from_target() {
     let required = inferloop_image::debian::REQUIRED_PACKAGES;
     assert_eq!(&d.packages[..required.len()], required);
     // "systemd" is required already: listed once.
-    assert_eq!(
-        &d.packages[required.len()..],
-        ["linux-image-arm64", "rauc"]
-    );
+    assert_eq!(&d.packages[required.len()..], ["linux-image-arm64", "rauc"]);
     assert_eq!(
         d.keep_modules.as_deref(),
         Some(&["virtio_blk".to_string(), "dm-verity".to_string()][..])
@@ -244,10 +241,12 @@ fn debian_base_without_a_kernel_is_refused() {
     let f = Fixture::new();
     let text = good(&f).replace("base = \"base\"", "base = { debian = \"bookworm\" }");
     match load(&f, &text) {
-        Err(e @ ImageError::SpecInvalid {
-            field: "base.packages",
-            ..
-        }) => assert!(e.to_string().contains("linux-image"), "{e}"),
+        Err(
+            e @ ImageError::SpecInvalid {
+                field: "base.packages",
+                ..
+            },
+        ) => assert!(e.to_string().contains("linux-image"), "{e}"),
         other => panic!("expected SpecInvalid base.packages, got {other:?}"),
     }
 }
@@ -288,24 +287,20 @@ fn overlay_list_and_squashfs_compression() {
     let overlay = crate::common::overlay_dir();
     let second = f.path("second-overlay");
     std::fs::create_dir(&second).expect("mkdir");
-    let text = good(&f)
-        .replace(
-            &format!("overlay = \"{}\"", overlay.display()),
-            &format!(
-                "overlay = [\"{}\", \"second-overlay\"]\nsquashfs_compression = \"lz4\"",
-                overlay.display()
-            ),
-        );
+    let text = good(&f).replace(
+        &format!("overlay = \"{}\"", overlay.display()),
+        &format!(
+            "overlay = [\"{}\", \"second-overlay\"]\nsquashfs_compression = \"lz4\"",
+            overlay.display()
+        ),
+    );
     let spec = load(&f, &text).expect("spec");
     assert_eq!(spec.overlays, [overlay, second]);
     assert_eq!(
         spec.squashfs_compression,
         Some(inferloop_image::pack::SquashComp::Lz4)
     );
-    let bad = good(&f).replace(
-        "memory_max",
-        "squashfs_compression = \"gzip\"\nmemory_max",
-    );
+    let bad = good(&f).replace("memory_max", "squashfs_compression = \"gzip\"\nmemory_max");
     assert!(matches!(
         load(&f, &bad),
         Err(ImageError::SpecInvalid {
