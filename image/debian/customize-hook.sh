@@ -36,6 +36,10 @@ mkdir -p "$root/etc/systemd/network"
 printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n' > "$root/etc/systemd/network/20-wired.network"
 chroot "$root" systemctl enable systemd-networkd.service >/dev/null 2>&1
 printf 'inferloop\n' > "$root/etc/hostname"
+# Maintenance jobs that write to the root (apt, dpkg backups, e2scrub snapshots) would fail
+# on a read-only image and leave the system degraded.
+chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer \
+	e2scrub_all.timer e2scrub_reap.service >/dev/null 2>&1
 
 # The root is read-only at run time: systemd cannot create a unit's StateDirectory= there
 # (systemd-logind's systemd/linger, say), so every one the packages' units name exists

@@ -174,6 +174,10 @@ def make_disks(work, image_dir, model):
 # --- one boot ----------------------------------------------------------------------------
 
 
+# Every QEMU started, so that a failed check never leaves one running.
+RUNNING = []
+
+
 class Boot:
     """A QEMU process and what its serial console said."""
 
@@ -217,6 +221,7 @@ class Boot:
                                      stderr=subprocess.STDOUT)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        RUNNING.append(self)
 
     def _read(self):
         for raw in self.proc.stdout:
@@ -308,7 +313,8 @@ PROLOGUE = r"""#!/bin/bash
 if [ "${1:-}" != run ]; then
 	exec systemd-run --no-block --unit=inferloop-vmtest /bin/bash /dev/vde run
 fi
-exec >/dev/ttyAMA0 2>&1
+# /dev/console, not ttyAMA0: serial-getty hangs up the tty (vhangup) when it starts.
+exec >/dev/console 2>&1
 set -u
 HOST=10.0.2.2
 PORT=@PORT@
@@ -335,6 +341,9 @@ rauc_state() {
 }
 say slot "$(sed -n 's/.*rauc\.slot=\([AB]\).*/\1/p' /proc/cmdline)"
 say version "$(image_version)"
+# The units under test, as they log, for the serial log (and for reading a failure).
+journalctl -b -f -o short-monotonic --no-pager -u inferloopd -u rauc -u inferloop-health |
+	sed -u 's/^/VMTEST_J /' &
 """
 
 CHECKS = r"""
@@ -393,7 +402,6 @@ say rauc_after "$(rauc_state)"
 
 HEALTH = r"""
 # inferloop-health runs by itself; report its outcome (a failed check reboots the VM).
-journalctl -f -o cat -u inferloop-health --no-pager | sed -u 's/^/VMTEST_HEALTH /' &
 for _ in $(seq 1 400); do
 	st=$(prop inferloop-health ActiveState)
 	case "$st" in active | failed) break ;; esac
@@ -592,7 +600,7 @@ def main():
     ap.add_argument("--qual", type=Path, default=ROOT / "target/release/inferloop-qual")
     ap.add_argument("--work", type=Path, default=ROOT / "out/vm")
     ap.add_argument("--port", type=int, default=0, help="host port for the daemon (default: a free one)")
-    ap.add_argument("--boot-timeout", type=int, default=300)
+    ap.add_argument("--boot-timeout", type=int, default=480)
     args = ap.parse_args()
     args.port = args.port or free_port()
     args.image = args.image.resolve()
@@ -608,6 +616,11 @@ def main():
     except Fail as e:
         log(f"FAIL: {e}")
         sys.exit(1)
+    finally:
+        for b in RUNNING:
+            if b.proc.poll() is None:
+                b.proc.kill()
+                b.proc.wait()
     log("PASS")
 
 
