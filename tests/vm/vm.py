@@ -429,8 +429,8 @@ def script(port, *parts, finish="poweroff", bundle=None):
     return text.replace("@PORT@", str(port)).replace("@BUNDLE@", bundle or "")
 
 
-def smoke_filter():
-    lines = (ROOT / "rootfs/etc/inferloop/health-smoke.txt").read_text().splitlines()
+def smoke_filter(path):
+    lines = path.read_text().splitlines()
     return ",".join(l.strip() for l in lines if l.strip() and not l.startswith("#"))
 
 
@@ -438,7 +438,7 @@ def run_smoke(args, work):
     t = time.monotonic()
     report = work / "qual-smoke"
     cmd = [str(args.qual), "--base-url", f"http://127.0.0.1:{args.port}",
-           "--api-key", API_KEY, "--filter", smoke_filter(), "--jobs", "4",
+           "--api-key", API_KEY, "--filter", smoke_filter(args.smoke), "--jobs", "2",
            "--report", str(report), "--quiet"]
     rc = subprocess.run(cmd).returncode
     took = time.monotonic() - t
@@ -607,6 +607,10 @@ def main():
     ap.add_argument("--work", type=Path, default=ROOT / "out/vm")
     ap.add_argument("--port", type=int, default=0, help="host port for the daemon (default: a free one)")
     ap.add_argument("--boot-timeout", type=int, default=480)
+    # The full health set's chat cases queue past the daemon's 30 s limit under TCG on a
+    # loaded 2-core host (measured); the TCG set is what the guest's health check runs.
+    ap.add_argument("--smoke", type=Path, default=ROOT / "rootfs-qemu-virt/etc/inferloop/health-smoke-tcg.txt",
+                    help="smoke case list run from the host (rootfs/etc/inferloop/health-smoke.txt: the full set)")
     args = ap.parse_args()
     args.port = args.port or free_port()
     args.image = args.image.resolve()
