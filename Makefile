@@ -47,6 +47,7 @@ help:
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
+	@echo "  kernels-test-aarch64  the CPU twins' tests cross-built for aarch64, run under qemu-user (NEON)"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
@@ -141,6 +142,12 @@ bench-prefix: $(VENV)/.installed model build
 
 kernels-check:
 	scripts/kernels-check.sh
+
+# The twins' tests cross-built for aarch64 and run under qemu-user: the NEON paths, bit for
+# bit against scalar (needs the cross toolchain of `make cross`; minutes, not in CI).
+.PHONY: kernels-test-aarch64
+kernels-test-aarch64:
+	scripts/kernels-aarch64.sh
 
 # What scripts/device-check.sh needs on a GPU machine without a toolchain: the kernel test
 # executables, q8-bench and the PTX from kernels-check (TARGET= cross-builds for a Jetson).
