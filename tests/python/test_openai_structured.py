@@ -1,11 +1,13 @@
 """Structured output and tool calls through the official client: a json_schema reply that
 parses and validates (pydantic, as `client.chat.completions.parse` uses it), a forced tool
 call whose arguments validate, whole and streamed, and a schema the server cannot enforce
-refused by name."""
+refused by name. Against the native backend (`make test-native`), which has no constrained
+decoding, the same requests must be 400s naming the field instead."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Literal
 
 import openai
@@ -30,6 +32,11 @@ class GetWeather(pydantic.BaseModel):
 
 MESSAGES = [{"role": "user", "content": "Describe a person who lives in a big city."}]
 
+NATIVE = "native" in os.environ.get("INFERLOOPD_ARGS", "")
+needs_llama = pytest.mark.skipif(
+    NATIVE, reason="constrained decoding needs the llama.cpp backend (native answers 400)"
+)
+
 
 def _person_format() -> dict:
     return {
@@ -38,6 +45,7 @@ def _person_format() -> dict:
     }
 
 
+@needs_llama
 def test_json_schema_reply_validates_whole_and_streamed(client, model_id):
     kw = dict(model=model_id, messages=MESSAGES, max_tokens=96, temperature=0,
               response_format=_person_format())
@@ -54,6 +62,7 @@ def test_json_schema_reply_validates_whole_and_streamed(client, model_id):
     assert streamed == whole
 
 
+@needs_llama
 def test_parse_helper_returns_the_pydantic_object(client, model_id):
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
     resp = parse(model=model_id, messages=MESSAGES, max_tokens=96, temperature=0,
@@ -61,6 +70,7 @@ def test_parse_helper_returns_the_pydantic_object(client, model_id):
     assert isinstance(resp.choices[0].message.parsed, Person)
 
 
+@needs_llama
 def test_json_object_reply_is_an_object(client, model_id):
     resp = client.chat.completions.create(
         model=model_id, max_tokens=64, temperature=0,
@@ -74,6 +84,7 @@ def test_json_object_reply_is_an_object(client, model_id):
         assert text.startswith("{")
 
 
+@needs_llama
 def test_unenforceable_schema_is_a_400_naming_it(client, model_id):
     schema = {"type": "object", "if": {"properties": {"a": {"const": 1}}},
               "then": {"required": ["b"]}}
@@ -99,6 +110,7 @@ def _weather_kw(model_id: str) -> dict:
     )
 
 
+@needs_llama
 def test_forced_tool_call_arguments_validate_whole_and_streamed(client, model_id):
     resp = client.chat.completions.create(**_weather_kw(model_id))
     choice = resp.choices[0]
@@ -129,6 +141,7 @@ def test_forced_tool_call_arguments_validate_whole_and_streamed(client, model_id
     assert calls[0]["arguments"] == call.function.arguments
 
 
+@needs_llama
 def test_tool_result_round_trip(client, model_id):
     first = client.chat.completions.create(**_weather_kw(model_id))
     call = first.choices[0].message.tool_calls[0]
@@ -141,3 +154,15 @@ def test_tool_result_round_trip(client, model_id):
     resp = client.chat.completions.create(**kw)
     assert isinstance(resp.choices[0].message.content, str)
     assert not resp.choices[0].message.tool_calls
+
+
+@pytest.mark.skipif(not NATIVE, reason="the llama.cpp backend enforces these")
+def test_native_backend_refuses_constrained_requests_naming_the_field(client, model_id):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model_id, messages=MESSAGES, max_tokens=4, response_format=_person_format()
+        )
+    assert e.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**_weather_kw(model_id))
+    assert e.value.body["param"] == "tool_choice"
