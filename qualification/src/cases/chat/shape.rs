@@ -107,8 +107,11 @@ pub(super) fn register(r: &mut Registry) {
         ev.put("content", text_of(&v)?);
         Ok("served".into())
     });
-    r.add(G, "chat.role.tool_accepted", "A tool message is accepted", "a tool turn after the user's → 200", |c, ev| {
-        let v = c.target.chat(&messages(json!([{"role": "user", "content": "What is 6 x 7?"}, {"role": "tool", "content": "42"}]), 4))?;
+    r.add(G, "chat.role.tool_accepted", "A tool message is accepted", "user, assistant tool_calls, tool result with its tool_call_id → 200", |c, ev| {
+        // OpenAI's shape: a tool message answers an assistant call by its id (a tool message
+        // without `tool_call_id` is a 400 there and here).
+        let call = json!({"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": "{\"a\": 6, \"b\": 7}"}});
+        let v = c.target.chat(&messages(json!([{"role": "user", "content": "What is 6 x 7?"}, {"role": "assistant", "content": null, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]), 4))?;
         ev.put("content", text_of(&v)?);
         Ok("served".into())
     });
