@@ -22,6 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 use serde::Serialize;
@@ -285,17 +286,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         ctx.clear_kv_cache();
         llama_logits.clear();
         let mut tokens = prompt.clone();
-        batch.clear();
-        for (pos, &t) in tokens.iter().enumerate() {
-            batch
-                .add(LlamaToken(t), pos as i32, &[0], true)
-                .map_err(|e| decode_err(e.to_string()))?;
-        }
-        ctx.decode(&mut batch)
-            .map_err(|e| decode_err(e.to_string()))?;
-        for i in 0..tokens.len() {
-            llama_logits.extend_from_slice(ctx.get_logits_ith(i as i32));
-        }
+        decode_all(&mut ctx, &mut batch, &tokens, &mut llama_logits).map_err(decode_err)?;
         while tokens.len() < prompt.len() + req.continue_tokens {
             let last = &llama_logits[llama_logits.len() - n_vocab..];
             let next = argmax(last) as i32;
@@ -316,18 +307,8 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         // llama.cpp without flash attention, the whole sequence in one batch.
         if let Some(fctx) = floor_ctx.as_mut() {
             fctx.clear_kv_cache();
-            batch.clear();
-            for (pos, &t) in tokens.iter().enumerate() {
-                batch
-                    .add(LlamaToken(t), pos as i32, &[0], true)
-                    .map_err(|e| decode_err(e.to_string()))?;
-            }
-            fctx.decode(&mut batch)
-                .map_err(|e| decode_err(e.to_string()))?;
             floor_logits.clear();
-            for i in 0..tokens.len() {
-                floor_logits.extend_from_slice(fctx.get_logits_ith(i as i32));
-            }
+            decode_all(fctx, &mut batch, &tokens, &mut floor_logits).map_err(decode_err)?;
         }
 
         // Native: the same tokens, teacher-forced, logits for every position.
@@ -415,6 +396,27 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         });
     }
     Ok(report)
+}
+
+/// Feeds `tokens` from position 0 in one batch and appends the logits of every position
+/// to `out`.
+fn decode_all(
+    ctx: &mut LlamaContext<'_>,
+    batch: &mut LlamaBatch,
+    tokens: &[i32],
+    out: &mut Vec<f32>,
+) -> Result<(), String> {
+    batch.clear();
+    for (pos, &t) in tokens.iter().enumerate() {
+        batch
+            .add(LlamaToken(t), pos as i32, &[0], true)
+            .map_err(|e| e.to_string())?;
+    }
+    ctx.decode(batch).map_err(|e| e.to_string())?;
+    for i in 0..tokens.len() {
+        out.extend_from_slice(ctx.get_logits_ith(i as i32));
+    }
+    Ok(())
 }
 
 fn read_prompts(path: &Path) -> Result<Vec<Line>, GoldenError> {
