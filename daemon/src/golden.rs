@@ -207,6 +207,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
             let turn = ChatTurn {
                 role: "user".into(),
                 content: line.text.clone(),
+                ..ChatTurn::default()
             };
             llama.chat_prompt(&[turn], None, limit, &gone)
         }

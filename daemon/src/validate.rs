@@ -12,7 +12,7 @@ use crate::http::wire::{
     ChatCompletionRequest, CompletionRequest, MessageContent, PromptField, StopField,
     StreamOptions, WireSampling,
 };
-use crate::tools::{self, Tool, ToolChoice, ToolUse};
+use crate::tools::{PastCall, Tool, ToolChoice, ToolUse};
 
 /// The legacy completions endpoint's `logprobs` limit, as OpenAI sets it.
 const MAX_COMPLETION_LOGPROBS: u32 = 5;
@@ -174,14 +174,16 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
                 ))
             }
         };
-        let calls = match (role, m.tool_calls) {
-            (_, None) => String::new(),
-            ("assistant", Some(calls)) => tools::hermes_text(
-                &calls
-                    .into_iter()
-                    .map(|c| (c.function.name, c.function.arguments))
-                    .collect::<Vec<_>>(),
-            ),
+        let tool_calls = match (role, m.tool_calls) {
+            (_, None) => Vec::new(),
+            ("assistant", Some(calls)) => calls
+                .into_iter()
+                .map(|c| PastCall {
+                    id: c.id,
+                    name: c.function.name,
+                    arguments: c.function.arguments,
+                })
+                .collect(),
             (_, Some(_)) => {
                 return Err(InvalidRequest::field(
                     &format!("messages[{i}].tool_calls"),
@@ -189,11 +191,19 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
                 ))
             }
         };
-        if role == "tool" && m.tool_call_id.is_none() {
-            return Err(InvalidRequest::field(
-                &format!("messages[{i}].tool_call_id"),
-                "is required on tool messages",
-            ));
+        let tool_call_id = match (role, m.tool_call_id) {
+            ("tool", None) => {
+                return Err(InvalidRequest::field(
+                    &format!("messages[{i}].tool_call_id"),
+                    "is required on tool messages",
+                ))
+            }
+            ("tool", Some(id)) => Some(check_call_id(&format!("messages[{i}].tool_call_id"), id)?),
+            // Meaningless elsewhere; ignored, as OpenAI does.
+            (_, _) => None,
+        };
+        for (j, c) in tool_calls.iter().enumerate() {
+            check_call_id(&format!("messages[{i}].tool_calls[{j}].id"), c.id.clone())?;
         }
         let content = match m.content {
             None if role == "assistant" => String::new(),
@@ -232,15 +242,11 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
                 "must not contain NUL characters",
             ));
         }
-        // Earlier calls go back in the form the model writes them (see `tools`).
-        let content = match (content.is_empty(), calls.is_empty()) {
-            (_, true) => content,
-            (true, false) => calls,
-            (false, false) => format!("{content}\n{calls}"),
-        };
         turns.push(ChatTurn {
             role: role.to_string(),
             content,
+            tool_calls,
+            tool_call_id,
         });
     }
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
@@ -255,18 +261,15 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         req.parallel_tool_calls,
     )?;
     let format = response_format(req.response_format.as_ref())?;
-    let forced = tools.as_ref().and_then(ToolUse::grammar);
-    let grammar = match (format, forced) {
-        (Some(_), Some(_)) => {
-            return Err(InvalidRequest::field(
-                "response_format",
-                "cannot be combined with a `tool_choice` that forces a call",
-            ))
-        }
-        (Some(g), None) => Some(g),
-        (None, Some(lark)) => Some(Grammar::Lark(lark)),
-        (None, None) => None,
-    };
+    // A forced call's grammar depends on the model's form: it is built when the request
+    // meets the model (see `http::generate`).
+    if format.is_some() && tools.as_ref().is_some_and(ToolUse::forces) {
+        return Err(InvalidRequest::field(
+            "response_format",
+            "cannot be combined with a `tool_choice` that forces a call",
+        ));
+    }
+    let grammar = format;
     Ok(ValidRequest {
         model: req.model,
         input: Input::Chat(turns),
@@ -687,6 +690,20 @@ pub fn token_ids(tokens: &[i64], n_vocab: i32) -> Result<Vec<i32>, InvalidReques
                 })
         })
         .collect()
+}
+
+/// A call id the client sends back. Templates write it into the prompt as markup (Mistral's
+/// `"call_id": "…"`), so it is held to the characters ids are made of: no text in it can
+/// become a control token.
+fn check_call_id(param: &str, id: String) -> Result<String, InvalidRequest> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+    if id.is_empty() || id.len() > 128 || !id.chars().all(ok) {
+        return Err(InvalidRequest::field(
+            param,
+            "must be 1 to 128 characters of letters, digits, `_`, `-`, `.` and `:`",
+        ));
+    }
+    Ok(id)
 }
 
 fn check_n(n: Option<u32>) -> Result<(), InvalidRequest> {

@@ -215,9 +215,7 @@ impl Vocab for LoadedModel {
     }
 
     fn piece(&self, token: i32) -> Vec<u8> {
-        self.llama()
-            .vocab()
-            .token_to_piece(LlamaToken(token), false, None)
+        self.output_piece(token)
     }
 
     fn token_text(&self, token: i32) -> Vec<u8> {

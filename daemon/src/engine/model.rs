@@ -14,7 +14,7 @@ use super::constraint::{Compiler, Constraint, Grammar};
 use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
 use super::template::{ChatTemplate, JinjaTemplate};
 use super::EngineError;
-use crate::tools::ToolUse;
+use crate::tools::{Format, PastCall, ToolUse};
 
 /// Facts about the model that the API and status routes report.
 #[derive(Debug, Clone, Serialize)]
@@ -28,6 +28,8 @@ pub struct ModelInfo {
     pub n_vocab: i32,
     pub n_ctx_train: u32,
     pub has_chat_template: bool,
+    /// The form tool calls are parsed from (and forced in): `hermes`, `llama3`, `mistral`.
+    pub tool_call_format: Format,
     /// How chats are rendered: `jinja` (the template itself, with minijinja) or
     /// `llama.cpp builtin` (llama.cpp's matcher, for a template minijinja cannot render).
     pub chat_template: &'static str,
@@ -53,11 +55,15 @@ pub fn llama_system_info() -> &'static str {
     })
 }
 
-/// A chat message after validation: role and plain text content.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A chat message after validation: role and plain text content, plus an assistant turn's
+/// earlier calls (written into its text in the model family's form when rendered) and the
+/// call a `tool` turn answers (templates such as Mistral's read it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChatTurn {
     pub role: String,
     pub content: String,
+    pub tool_calls: Vec<PastCall>,
+    pub tool_call_id: Option<String>,
 }
 
 /// The model plus the llama.cpp backend it was loaded with.
@@ -71,6 +77,10 @@ pub struct LoadedModel {
     info: ModelInfo,
     /// llguidance's view of the vocabulary, built on the first constrained request.
     grammars: Compiler,
+    /// How the template's family writes tool calls.
+    tool_format: Format,
+    /// That form's marker tokens, which output pieces spell out for the parser.
+    markers: Vec<i32>,
     backend: LlamaBackend,
 }
 
@@ -122,6 +132,9 @@ impl LoadedModel {
                 .and_then(|t| t.to_string().ok()),
         };
         let has_chat_template = own_text.is_some();
+        let tool_format = own_text.as_deref().map_or(Format::Hermes, Format::detect);
+        let markers = marker_tokens(&model, tool_format);
+        tracing::info!(form = tool_format.name(), ?markers, "tool calls");
         let origin = match chat_template {
             Some(file) => file.display().to_string(),
             None => "the GGUF".to_string(),
@@ -153,6 +166,7 @@ impl LoadedModel {
             n_vocab: model.n_vocab(),
             n_ctx_train: model.n_ctx_train(),
             has_chat_template,
+            tool_call_format: tool_format,
             chat_template: template.kind(),
             chat_template_file: chat_template.map(Path::to_path_buf),
             created,
@@ -171,6 +185,8 @@ impl LoadedModel {
             vocab,
             info,
             grammars: Compiler::default(),
+            tool_format,
+            markers,
             backend,
         })
     }
@@ -212,10 +228,24 @@ impl LoadedModel {
             &self.template,
             &self.vocab,
             turns,
-            tools,
+            (tools, self.tool_format),
             limit,
             gone,
         )
+    }
+
+    /// How the template's family writes tool calls.
+    pub fn tool_format(&self) -> Format {
+        self.tool_format
+    }
+
+    /// A token's output bytes: control tokens are left out, except the tool-call form's
+    /// markers, which the parser needs to see.
+    pub fn output_piece(&self, token: i32) -> Vec<u8> {
+        let special = self.markers.contains(&token);
+        self.model
+            .vocab()
+            .token_to_piece(llama_cpp_2::token::LlamaToken(token), special, None)
     }
 
     /// Compiles a grammar against this model's vocabulary (see [`constraint`](super::constraint));
@@ -283,6 +313,20 @@ impl LoadedModel {
     }
 }
 
+/// The control tokens that stand for `format`'s markers in this vocabulary (none where a
+/// marker is not a single control token: it is then plain text and needs no spelling).
+fn marker_tokens(model: &LlamaModel, format: Format) -> Vec<i32> {
+    let vocab = model.vocab();
+    format
+        .markers()
+        .iter()
+        .filter_map(|m| match vocab.tokenize(m.as_bytes(), false, true)[..] {
+            [t] if vocab.is_control(t) => Some(t.0),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The model's template as Jinja when minijinja compiles it and renders a one-message chat
 /// with it; otherwise llama.cpp's built-in matcher on the same text. The log says which.
 fn choose_template(model: &LlamaModel, text: &str, origin: &str) -> Result<ChatTemplate, String> {
@@ -299,6 +343,7 @@ fn choose_template(model: &LlamaModel, text: &str, origin: &str) -> Result<ChatT
     let probe = [super::model::ChatTurn {
         role: "user".into(),
         content: "x".into(),
+        ..Default::default()
     }];
     let jinja =
         JinjaTemplate::compile(text, &bos, &eos).and_then(|t| match t.render(&probe, None, true) {

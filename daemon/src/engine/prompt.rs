@@ -19,7 +19,7 @@ use rand::distributions::{Alphanumeric, DistString};
 
 use super::model::ChatTurn;
 use super::template::ChatTemplate;
-use crate::tools::ToolUse;
+use crate::tools::{Format, ToolUse};
 
 /// Why an input could not become a prompt.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -98,6 +98,7 @@ impl PromptBounds {
                 .map(|(r, c)| ChatTurn {
                     role: (*r).into(),
                     content: (*c).into(),
+                    ..ChatTurn::default()
                 })
                 .collect();
             let text = template.render(model, &turns, None, true).ok()?;
@@ -169,10 +170,13 @@ pub fn chat(
     template: &ChatTemplate,
     vocab: &Vocabulary,
     turns: &[ChatTurn],
-    tools: Option<&ToolUse>,
+    (tools, format): (Option<&ToolUse>, Format),
     limit: Limit,
     gone: &AtomicBool,
 ) -> Result<Prompt, PromptError> {
+    // Earlier calls go back in the form the model writes them, as text of their turn.
+    let with_calls = with_calls_text(turns, format);
+    let turns = &with_calls[..];
     // Tools reach a template that knows them through its `tools` variable; any other
     // template gets them described in the system turn, in the Hermes form.
     let native = template.knows_tools();
@@ -198,6 +202,25 @@ pub fn chat(
     out.finish()
 }
 
+/// `turns` with each assistant turn's calls written after its text, in `format`.
+fn with_calls_text(turns: &[ChatTurn], format: Format) -> Vec<ChatTurn> {
+    turns
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            if !t.tool_calls.is_empty() {
+                let calls = format.calls_text(&std::mem::take(&mut t.tool_calls));
+                t.content = if t.content.is_empty() {
+                    calls
+                } else {
+                    format!("{}\n{calls}", t.content)
+                };
+            }
+            t
+        })
+        .collect()
+}
+
 /// `turns` with `text` added to the system turn (one is put first when there is none).
 fn with_system_text(turns: &[ChatTurn], text: &str) -> Vec<ChatTurn> {
     let mut out = turns.to_vec();
@@ -210,6 +233,7 @@ fn with_system_text(turns: &[ChatTurn], text: &str) -> Vec<ChatTurn> {
             ChatTurn {
                 role: "system".into(),
                 content: text.to_string(),
+                ..ChatTurn::default()
             },
         ),
     }
@@ -241,6 +265,8 @@ pub fn render_marked<'a>(
         .map(|(index, t)| ChatTurn {
             role: t.role.clone(),
             content: sentinels.stand_in(index, &t.content),
+            tool_calls: Vec::new(),
+            tool_call_id: t.tool_call_id.clone(),
         })
         .collect();
     let rendered = render(&stand_ins)?;
@@ -545,6 +571,7 @@ mod tests {
             .map(|_| ChatTurn {
                 role: "user".into(),
                 content: content.into(),
+                ..ChatTurn::default()
             })
             .collect()
     }

@@ -157,7 +157,12 @@ impl JinjaTemplate {
     ) -> Result<String, PromptError> {
         let messages: Vec<Value> = turns
             .iter()
-            .map(|t| minijinja::context! { role => &t.role, content => &t.content })
+            .map(|t| match &t.tool_call_id {
+                Some(id) => minijinja::context! {
+                    role => &t.role, content => &t.content, tool_call_id => id
+                },
+                None => minijinja::context! { role => &t.role, content => &t.content },
+            })
             .collect();
         let tools = tools.map(|t| Value::from(minijinja::value::Serde(t)));
         let ctx = minijinja::context! {
@@ -453,6 +458,7 @@ mod tests {
         ChatTurn {
             role: role.into(),
             content: content.into(),
+            ..ChatTurn::default()
         }
     }
 

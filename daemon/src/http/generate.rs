@@ -24,7 +24,7 @@ use crate::engine::constraint::{Constraint, Grammar};
 use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::select::BackendKind;
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
-use crate::tools::ToolUse;
+use crate::tools::{Format, ToolUse};
 use crate::validate::{self, Input, ValidRequest};
 
 /// Reported as `system_fingerprint`: the daemon build that produced the output.
@@ -104,6 +104,10 @@ async fn start(
     }
     validate::check_vocab(&req.sampling, engine.model().info().n_vocab)?;
     let mut req = req;
+    let tool_format = engine.model().tool_format();
+    if let Some(lark) = req.tools.as_ref().and_then(|t| t.grammar(tool_format)) {
+        req.grammar = Some(Grammar::Lark(lark));
+    }
     if req.grammar.is_some() && state.boot.selection.backend == BackendKind::Native {
         let param = if req.tools.is_some() {
             "tool_choice"
@@ -166,7 +170,7 @@ async fn start(
         .map_or(0, |d| d.as_secs());
     let echo = (req.echo && shape == Shape::Completion).then_some(prompt_text);
     let cancel = state.cancel.clone();
-    let tools = req.tools.is_some();
+    let tools = req.tools.is_some().then_some(tool_format);
     if req.stream {
         stream(
             events,
@@ -178,7 +182,7 @@ async fn start(
                 model: model_id,
                 include_usage: req.include_usage,
                 text_offset: 0,
-                tools: req.tools.as_ref().map(|_| sse::ToolFramer::default()),
+                tools: tools.map(sse::ToolFramer::new),
             },
             echo,
         )
@@ -258,11 +262,11 @@ async fn tokenize(
     .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }
 
-fn wire_calls(calls: Vec<crate::tools::ToolCall>) -> Vec<WireToolCall> {
+fn wire_calls(calls: Vec<crate::tools::ToolCall>, format: Format) -> Vec<WireToolCall> {
     calls
         .into_iter()
         .map(|c| WireToolCall {
-            id: call_id(),
+            id: format.call_id(),
             kind: "function".into(),
             function: WireFunctionCall {
                 name: c.name,
@@ -270,14 +274,6 @@ fn wire_calls(calls: Vec<crate::tools::ToolCall>) -> Vec<WireToolCall> {
             },
         })
         .collect()
-}
-
-/// A tool call's id, as OpenAI shapes them.
-pub fn call_id() -> String {
-    format!(
-        "call_{}",
-        Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
-    )
 }
 
 /// Sets its flag when dropped: tells blocking work that the request it serves is gone.
@@ -341,7 +337,7 @@ async fn collect(
     model: String,
     echo: Option<String>,
     logprobs: bool,
-    tools: bool,
+    tools: Option<Format>,
 ) -> Result<Response, ApiError> {
     let mut text = echo.unwrap_or_default();
     let mut tokens = Vec::new();
@@ -357,15 +353,19 @@ async fn collect(
                 usage,
                 timings,
             }) => {
-                let (content, tool_calls, reason) = if tools {
-                    let (content, calls) = crate::tools::parse(&text);
+                let (content, tool_calls, reason) = if let Some(format) = tools {
+                    let (content, calls) = crate::tools::parse(&text, format);
                     if calls.is_empty() {
                         (Some(text.clone()), None, reason)
                     } else if reason != FinishReason::Stop {
                         // Cut by `max_tokens`: `length`, with what was written, as OpenAI.
-                        (content, Some(wire_calls(calls)), reason)
+                        (content, Some(wire_calls(calls, format)), reason)
                     } else {
-                        (content, Some(wire_calls(calls)), FinishReason::ToolCalls)
+                        (
+                            content,
+                            Some(wire_calls(calls, format)),
+                            FinishReason::ToolCalls,
+                        )
                     }
                 } else {
                     (Some(text.clone()), None, reason)

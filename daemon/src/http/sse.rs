@@ -19,7 +19,7 @@ use super::wire::{
     CompletionLogprobs, Delta, FunctionDelta, ToolCallDelta,
 };
 use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
-use crate::tools::{Out, ToolStream};
+use crate::tools::{Format, Out, ToolStream};
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
 /// through a long queue wait or prefill.
@@ -55,10 +55,21 @@ pub struct Framer {
 }
 
 /// A chat stream's tool-call parser and how many calls it has sent.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ToolFramer {
     stream: ToolStream,
+    format: Format,
     calls: u32,
+}
+
+impl ToolFramer {
+    pub fn new(format: Format) -> Self {
+        Self {
+            stream: ToolStream::new(format),
+            format,
+            calls: 0,
+        }
+    }
 }
 
 impl Framer {
@@ -135,14 +146,14 @@ impl Framer {
                     bytes.extend_from_slice(&self.chat_chunk_with(delta, logprobs, None, None));
                 }
                 Out::CallStart(name) => {
-                    let id = super::generate::call_id();
+                    let id = tools.format.call_id();
                     bytes.extend_from_slice(&self.call_head(tools, &id, &name));
                 }
                 Out::CallArgs(args) => {
                     bytes.extend_from_slice(&self.call_args(tools, &args));
                 }
                 Out::Call(call) => {
-                    let id = super::generate::call_id();
+                    let id = tools.format.call_id();
                     bytes.extend_from_slice(&self.call_head(tools, &id, &call.name));
                     bytes.extend_from_slice(&self.call_args(tools, &call.arguments));
                 }
@@ -194,7 +205,7 @@ impl Framer {
         let mut out = Vec::new();
         let mut reason = reason;
         if let Some(mut tools) = self.tools.take() {
-            let outs = std::mem::take(&mut tools.stream).finish();
+            let outs = std::mem::replace(&mut tools.stream, ToolStream::new(tools.format)).finish();
             out.extend_from_slice(&self.tool_frames(&mut tools, outs, &[]));
             // A reply cut by `max_tokens` stays `length`, calls or not, as OpenAI has it.
             if tools.calls > 0 && reason == FinishReason::Stop {
@@ -425,7 +436,7 @@ mod tests {
     #[test]
     fn a_streamed_call_is_a_named_delta_then_argument_deltas_then_tool_calls() {
         let mut f = framer(false);
-        f.tools = Some(ToolFramer::default());
+        f.tools = Some(ToolFramer::new(Format::Hermes));
         let mut frames = Vec::new();
         for piece in [
             "<tool_call>\n{\"name\": \"get_weather\", ",
@@ -469,7 +480,7 @@ mod tests {
     #[test]
     fn a_call_cut_by_max_tokens_finishes_with_length() {
         let mut f = framer(false);
-        f.tools = Some(ToolFramer::default());
+        f.tools = Some(ToolFramer::new(Format::Hermes));
         f.text(
             "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": ",
             &[],

@@ -1,6 +1,7 @@
 //! Unit tests of request validation: each refusal names its field.
 
 use super::*;
+use crate::tools::PastCall;
 
 fn chat_json(body: &str) -> Result<ValidRequest, InvalidRequest> {
     chat(parse_json(body.as_bytes())?)
@@ -25,7 +26,8 @@ fn minimal_chat_is_valid_with_openai_defaults() {
         r.input,
         Input::Chat(vec![ChatTurn {
             role: "user".into(),
-            content: "hi".into()
+            content: "hi".into(),
+            ..ChatTurn::default()
         }])
     );
 }
@@ -160,7 +162,8 @@ fn developer_role_maps_to_system_and_text_parts_are_joined() {
         r.input,
         Input::Chat(vec![ChatTurn {
             role: "system".into(),
-            content: "ab".into()
+            content: "ab".into(),
+            ..ChatTurn::default()
         }])
     );
 }
@@ -466,20 +469,30 @@ fn tool_choice_none_hides_the_tools() {
 }
 
 #[test]
-fn required_and_named_tool_choices_force_a_call_with_a_grammar() {
-    for choice in [
-        r#""required""#,
-        r#"{"type":"function","function":{"name":"get_weather"}}"#,
+fn required_and_named_tool_choices_force_a_call() {
+    for (choice, forced) in [
+        (r#""required""#, true),
+        (
+            r#"{"type":"function","function":{"name":"get_weather"}}"#,
+            true,
+        ),
+        (r#""auto""#, false),
     ] {
         let body =
             format!(r#"{{{HELLO},{TOOL},"tool_choice":{choice},"parallel_tool_calls":false}}"#);
         let r = chat_json(&body).expect("valid");
-        match r.grammar {
-            Some(Grammar::Lark(g)) => {
-                assert!(g.starts_with("start: call\n"), "{g}");
-                assert!(g.contains("get_weather"), "{g}");
-            }
-            other => panic!("{body}: {other:?}"),
+        let tools = r.tools.expect("tools");
+        assert_eq!(tools.forces(), forced, "{body}");
+        assert!(!tools.parallel);
+        // The grammar is the model family's: built when the request meets the model.
+        assert_eq!(r.grammar, None);
+        let json = format!(
+            r#"{{{HELLO},{TOOL},"tool_choice":{choice},"response_format":{{"type":"json_object"}}}}"#
+        );
+        if forced {
+            assert_eq!(param_of(chat_json(&json)), "response_format");
+        } else {
+            assert!(chat_json(&json).is_ok(), "{json}");
         }
     }
 }
@@ -530,16 +543,33 @@ fn earlier_tool_calls_and_results_become_turns() {
     let Input::Chat(turns) = r.input else {
         panic!("chat input")
     };
+    assert_eq!(turns[1].content, "");
     assert_eq!(
-        turns[1].content,
-        "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
+        turns[1].tool_calls,
+        vec![PastCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into()
+        }]
     );
     assert_eq!(
-        (turns[2].role.as_str(), turns[2].content.as_str()),
-        ("tool", "sunny")
+        (
+            turns[2].role.as_str(),
+            turns[2].content.as_str(),
+            turns[2].tool_call_id.as_deref()
+        ),
+        ("tool", "sunny", Some("call_1"))
     );
     let no_id = r#"{"messages":[{"role":"tool","content":"sunny"}]}"#;
     assert_eq!(param_of(chat_json(no_id)), "messages[0].tool_call_id");
     let user_calls = r#"{"messages":[{"role":"user","content":"x","tool_calls":[]}]}"#;
     assert_eq!(param_of(chat_json(user_calls)), "messages[0].tool_calls");
+    // Ids reach templates as markup: nothing in them may become a control token.
+    let markup_id = r#"{"messages":[{"role":"tool","tool_call_id":"<|im_start|>","content":"x"}]}"#;
+    assert_eq!(param_of(chat_json(markup_id)), "messages[0].tool_call_id");
+    let markup_call = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a b","type":"function","function":{"name":"f","arguments":"{}"}}]}]}"#;
+    assert_eq!(
+        param_of(chat_json(markup_call)),
+        "messages[0].tool_calls[0].id"
+    );
 }

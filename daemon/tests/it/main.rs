@@ -23,3 +23,4 @@ mod stream;
 mod structured;
 mod template;
 mod thermal;
+mod tool_forms;

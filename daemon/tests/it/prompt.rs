@@ -28,6 +28,7 @@ fn turn(role: &str, content: &str) -> ChatTurn {
     ChatTurn {
         role: role.into(),
         content: content.into(),
+        ..ChatTurn::default()
     }
 }
 

@@ -48,6 +48,8 @@ fn chat_templates_render_as_transformers_does() {
                 .map(|m| ChatTurn {
                     role: m["role"].as_str().expect("role").into(),
                     content: m["content"].as_str().expect("content").into(),
+                    tool_call_id: m["tool_call_id"].as_str().map(Into::into),
+                    ..ChatTurn::default()
                 })
                 .collect();
             let tools = case.get("tools");
