@@ -60,8 +60,21 @@ CONVERSATIONS = [
     ("empty content", [m("user", "")], True),
 ]
 
-# With `tools`: a later change passes the request's tools through the template.
-TOOL_CONVERSATIONS = [("user with tools", [m("user", "Weather in Paris?")], True)]
+# With `tools`. The earlier call is the assistant turn's text (the daemon writes calls into
+# it in the family's form); the tool turn carries its `tool_call_id`, which templates such as
+# Mistral's write themselves.
+TOOL_CONVERSATIONS = [
+    ("user with tools", [m("user", "Weather in Paris?")], True),
+    (
+        "tool result",
+        [
+            m("user", "Weather in Paris?"),
+            m("assistant", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+            {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "abcDEF123"},
+        ],
+        True,
+    ),
+]
 
 
 class FixedClock(datetime.datetime):

@@ -10,6 +10,7 @@
 //! specials, so ordinary chats get exactly the tokens the whole rendered string would get.
 //! Every step is linear in the input, and the work stops once the client has left.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use llama_cpp_2::model::{LlamaModel, VocabType};
@@ -196,7 +197,7 @@ pub fn chat(
     for piece in pieces {
         match piece {
             Piece::Markup(m) => out.markup(&m)?,
-            Piece::Text(t) => out.text(t)?,
+            Piece::Text(t) => out.text(&t)?,
         }
     }
     out.finish()
@@ -245,8 +246,9 @@ fn with_system_text(turns: &[ChatTurn], text: &str) -> Vec<ChatTurn> {
 pub enum Piece<'a> {
     /// Written by the template: its special-token text becomes control tokens.
     Markup(String),
-    /// A message's content: always plain text.
-    Text(&'a str),
+    /// A message's content: always plain text (JSON-escaped where the template wrote it
+    /// through `tojson`).
+    Text(Cow<'a, str>),
 }
 
 /// Renders `turns` through `render` with a per-request sentinel in place of each content,
@@ -274,9 +276,16 @@ pub fn render_marked<'a>(
     // Every sentinel the template wrote, in the order written, stands for its message's
     // text. A template may drop a message (some ignore a system turn) or write one twice.
     let mut rest = rendered.as_str();
-    while let Some((markup, index, after)) = sentinels.next_in(rest, turns.len()) {
+    while let Some((markup, index, json, after)) = sentinels.next_in(rest, turns.len()) {
         pieces.push(Piece::Markup(markup.to_string()));
-        pieces.push(Piece::Text(Sentinels::core(&turns[index].content)));
+        let core = Sentinels::core(&turns[index].content);
+        pieces.push(Piece::Text(if json {
+            let mut escaped = String::new();
+            super::template::json_escape(core, &mut escaped);
+            Cow::Owned(escaped)
+        } else {
+            Cow::Borrowed(core)
+        }));
         rest = after;
     }
     pieces.push(Piece::Markup(rest.to_string()));
@@ -318,6 +327,36 @@ impl Limit {
     }
 }
 
+const SENTINEL_OPEN: char = '\u{E000}';
+const SENTINEL_CLOSE: char = '\u{E001}';
+/// A sentinel's end once `tojson` wrote it: its message's text goes in JSON-escaped.
+const SENTINEL_JSON_CLOSE: char = '\u{E002}';
+
+/// A string as the template's `tojson` writes it: a sentinel in it is closed with
+/// [`SENTINEL_JSON_CLOSE`], so that its message's text is put back JSON-escaped, as
+/// `transformers` renders a content through `tojson` (Llama 3's tool results).
+pub(crate) fn mark_json_sentinels(s: &str) -> Cow<'_, str> {
+    if !s.contains(SENTINEL_OPEN) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut in_sentinel = false;
+    for c in s.chars() {
+        match c {
+            SENTINEL_OPEN => in_sentinel = true,
+            SENTINEL_CLOSE if in_sentinel => {
+                in_sentinel = false;
+                out.push(SENTINEL_JSON_CLOSE);
+                continue;
+            }
+            c if !c.is_ascii_alphanumeric() => in_sentinel = false,
+            _ => {}
+        }
+        out.push(c);
+    }
+    Cow::Owned(out)
+}
+
 /// One sentinel per message: private-use characters around a per-request random tag and
 /// the index, so no content can contain it (checked, and drawn again if one does).
 struct Sentinels {
@@ -328,7 +367,7 @@ impl Sentinels {
     fn for_turns(turns: &[ChatTurn]) -> Self {
         loop {
             let tag = Alphanumeric.sample_string(&mut rand::thread_rng(), 16);
-            let marker = format!("\u{E000}{tag}");
+            let marker = format!("{SENTINEL_OPEN}{tag}");
             if !turns.iter().any(|t| t.content.contains(&marker)) {
                 return Self { tag };
             }
@@ -336,7 +375,7 @@ impl Sentinels {
     }
 
     fn of(&self, index: usize) -> String {
-        format!("\u{E000}{}{index}\u{E001}", self.tag)
+        format!("{SENTINEL_OPEN}{}{index}{SENTINEL_CLOSE}", self.tag)
     }
 
     /// What the template gets for a message's content: its leading and trailing whitespace
@@ -364,20 +403,22 @@ impl Sentinels {
     }
 
     /// The first sentinel in `text` for one of `n` messages: the text before it, the
-    /// message index and the text after it.
-    fn next_in<'t>(&self, text: &'t str, n: usize) -> Option<(&'t str, usize, &'t str)> {
-        let open = format!("\u{E000}{}", self.tag);
+    /// message index, whether `tojson` wrote it (see [`mark_json_sentinels`]) and the text
+    /// after it.
+    fn next_in<'t>(&self, text: &'t str, n: usize) -> Option<(&'t str, usize, bool, &'t str)> {
+        let open = format!("{SENTINEL_OPEN}{}", self.tag);
         let mut from = 0;
         while let Some(at) = text[from..].find(&open).map(|i| from + i) {
             let digits_from = at + open.len();
             let tail = &text[digits_from..];
             let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
-            if let (Ok(index), Some(after)) = (
-                tail[..digits].parse::<usize>(),
-                tail[digits..].strip_prefix('\u{E001}'),
-            ) {
+            let close = tail[digits..].chars().next();
+            if let (Ok(index), Some(close @ (SENTINEL_CLOSE | SENTINEL_JSON_CLOSE))) =
+                (tail[..digits].parse::<usize>(), close)
+            {
                 if index < n {
-                    return Some((&text[..at], index, after));
+                    let after = &tail[digits + close.len_utf8()..];
+                    return Some((&text[..at], index, close == SENTINEL_JSON_CLOSE, after));
                 }
             }
             from = digits_from;

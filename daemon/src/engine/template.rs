@@ -319,6 +319,12 @@ impl JsonStyle {
 /// A JSON string as Python writes it with `ensure_ascii=False`.
 fn quote(s: &str, out: &mut String) {
     out.push('"');
+    json_escape(&crate::engine::prompt::mark_json_sentinels(s), out);
+    out.push('"');
+}
+
+/// `s` escaped as inside a JSON string, as Python's `json.dumps(ensure_ascii=False)` does.
+pub(crate) fn json_escape(s: &str, out: &mut String) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -332,7 +338,6 @@ fn quote(s: &str, out: &mut String) {
             c => out.push(c),
         }
     }
-    out.push('"');
 }
 
 /// A float as Python's `repr` writes it for ordinary values (`1.0`, `0.5`, `1e+20`).

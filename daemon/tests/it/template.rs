@@ -65,7 +65,7 @@ fn chat_templates_render_as_transformers_does() {
                         .iter()
                         .map(|p| match p {
                             Piece::Markup(m) => m.as_str(),
-                            Piece::Text(t) => t,
+                            Piece::Text(t) => t.as_ref(),
                         })
                         .collect();
                     assert_eq!(joined, text.as_str().expect("text"), "{title}");
@@ -76,7 +76,7 @@ fn chat_templates_render_as_transformers_does() {
                         .filter(|t| !t.content.trim().is_empty() && joined.contains(&t.content))
                     {
                         assert!(
-                            pieces.contains(&Piece::Text(t.content.trim())),
+                            pieces.contains(&Piece::Text(t.content.trim().into())),
                             "{title}: {:?} is not a text piece",
                             t.content
                         );
