@@ -133,3 +133,65 @@ async fn mistral_templates_get_calls_in_the_mistral_form_with_its_ids() {
     let msg = err["message"].as_str().unwrap_or_default();
     assert!(msg.contains("length 9"), "{msg}");
 }
+
+/// A copy of the test model whose vocabulary has the two forms' markers as control tokens:
+/// two of SmolLM2's unused control tokens renamed in the GGUF's token list (the header is
+/// rewritten; the tensor data keeps its offset, the padding before it takes up the
+/// difference). Returns the file and the markers' ids.
+fn model_with_markers(dir: &std::path::Path) -> (std::path::PathBuf, [(i32, &'static str); 2]) {
+    let src = crate::harness::find_model().expect("test model");
+    let bytes = std::fs::read(&src).expect("read model");
+    let data_start = inferloop_gguf::Gguf::open(&src)
+        .expect("gguf")
+        .data_offset() as usize;
+    let renames = [
+        (10, "<issue_closed>", "<|python_tag|>"),
+        (12, "<jupyter_text>", "[TOOL_CALLS]"),
+    ];
+    let mut header = bytes[..data_start].to_vec();
+    let mut shrunk = 0;
+    for (_, old, new) in renames {
+        let mut from = (old.len() as u64).to_le_bytes().to_vec();
+        from.extend_from_slice(old.as_bytes());
+        let at = header
+            .windows(from.len())
+            .position(|w| w == from.as_slice())
+            .unwrap_or_else(|| panic!("{old} not in the token list"));
+        let mut to = (new.len() as u64).to_le_bytes().to_vec();
+        to.extend_from_slice(new.as_bytes());
+        header.splice(at..at + from.len(), to);
+        shrunk += old.len() - new.len();
+    }
+    header.extend(std::iter::repeat_n(0u8, shrunk));
+    assert_eq!(header.len(), data_start);
+    let path = dir.join("markers.gguf");
+    let mut out = header;
+    out.extend_from_slice(&bytes[data_start..]);
+    std::fs::write(&path, out).expect("write model copy");
+    (path, [(10, "<|python_tag|>"), (12, "[TOOL_CALLS]")])
+}
+
+/// The markers are control tokens, which output leaves out: the form's own marker is
+/// spelled out for the parser, every other control token still is not.
+#[test]
+fn a_forms_marker_token_is_spelled_out_in_the_output() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (model, [(tag, tag_text), (calls, calls_text)]) = model_with_markers(dir.path());
+    let im_end = 2;
+    for (template, format, marker, text, other) in [
+        ("llama3.2", "llama3", tag, tag_text, calls),
+        ("mistral-nemo", "mistral", calls, calls_text, tag),
+    ] {
+        let m = inferloopd::engine::model::LoadedModel::load_with(
+            &model,
+            "markers".into(),
+            Some(std::path::Path::new(&fixture(template))),
+            true,
+        )
+        .expect("load the vocabulary");
+        assert_eq!(m.tool_format().name(), format);
+        assert_eq!(m.output_piece(marker), text.as_bytes(), "{template}");
+        assert!(m.output_piece(other).is_empty(), "{template}");
+        assert!(m.output_piece(im_end).is_empty(), "{template}");
+    }
+}
