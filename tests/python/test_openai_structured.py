@@ -14,6 +14,8 @@ import openai
 import pydantic
 import pytest
 
+from conftest import REPO, running_daemon
+
 
 class Person(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -154,6 +156,45 @@ def test_tool_result_round_trip(client, model_id):
     resp = client.chat.completions.create(**kw)
     assert isinstance(resp.choices[0].message.content, str)
     assert not resp.choices[0].message.tool_calls
+
+
+@needs_llama
+@pytest.mark.parametrize(
+    "template, id_ok",
+    [
+        ("llama3.2", lambda i: i.startswith("call_")),
+        # Mistral's template requires 9 alphanumerics back as `tool_call_id`.
+        ("mistral-nemo", lambda i: len(i) == 9 and i.isalnum()),
+    ],
+)
+def test_family_tool_call_forms_round_trip(template, id_ok, model_id):
+    """The same client code against the Llama 3 and Mistral forms (the default model given
+    those families' templates): a forced call that validates, whole and streamed, and the
+    call and its result sent back through the family's template."""
+    path = REPO / "daemon/tests/fixtures/chat_templates" / f"{template}.jinja"
+    with running_daemon("--chat-template", str(path)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        first = client.chat.completions.create(**_weather_kw(model_id))
+        assert first.choices[0].finish_reason == "tool_calls"
+        (call,) = first.choices[0].message.tool_calls
+        assert id_ok(call.id) and call.function.name == "get_weather"
+        GetWeather.model_validate_json(call.function.arguments)
+
+        args = ""
+        for chunk in client.chat.completions.create(stream=True, **_weather_kw(model_id)):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                assert d.index == 0
+                args += (d.function.arguments or "") if d.function else ""
+        assert args == call.function.arguments
+
+        messages = WEATHER_MESSAGES + [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+        ]
+        kw = _weather_kw(model_id)
+        kw.update(messages=messages, tool_choice="none", max_tokens=8)
+        resp = client.chat.completions.create(**kw)
+        assert isinstance(resp.choices[0].message.content, str)
 
 
 @pytest.mark.skipif(not NATIVE, reason="the llama.cpp backend enforces these")
