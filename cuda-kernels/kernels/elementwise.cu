@@ -45,3 +45,22 @@ add_f32(const float* a, const float* b, float* out, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         out[i] = __fadd_rn(a[i], b[i]);
 }
+
+// kv_store_f16: the KV cache write. Token t's `width` values go, rounded to f16 (nearest
+// even, `cvt.rn`), into cell cells[t] of a cache of n_cells cells of `width` values:
+// cache[cells[t] * width + i] = f16(x[t * width + i]). A cell outside the cache is skipped
+// (the host computes cells; the twin refuses them). Launch: blockDim.x = EW_THREADS,
+// grid = (ceil(width / EW_THREADS), tokens).
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+kv_store_f16(const float* x, const int* cells, unsigned short* cache, int width, int n_cells) {
+    const int t = blockIdx.y;
+    const int cell = cells[t];
+    if (cell < 0 || cell >= n_cells) return;
+    const long long dst = (long long)cell * width;
+    const long long src = (long long)t * width;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x[src + i]));
+        cache[dst + i] = h;
+    }
+}

@@ -7,7 +7,7 @@
 
 use half::f16;
 use inferloop_kernels::cpu::attention::{attention_decode, AttnShape, CHUNK};
-use inferloop_kernels::cpu::elementwise::{add, silu_mul};
+use inferloop_kernels::cpu::elementwise::{add, kv_store_f16, silu_mul};
 use inferloop_kernels::cpu::embed::embed;
 use inferloop_kernels::cpu::rmsnorm::rmsnorm;
 use inferloop_kernels::cpu::rope::{rope_inplace, Rope, RopeMode};
@@ -294,6 +294,39 @@ fn elementwise_twins_match_f64() {
 }
 
 #[test]
+fn kv_store_twin_rounds_to_nearest_even_into_its_cells() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let width = 3 * 64;
+    let mut x = uniform(&mut rng, 3 * width, -70_000.0, 70_000.0);
+    // Ties (to even), subnormals, overflow to infinity, signed zero.
+    x[..6].copy_from_slice(&[
+        1.0 + f32::EPSILON * 2048.0,
+        6.0e-8,
+        1.0e-7,
+        65_520.0,
+        -0.0,
+        65_504.0,
+    ]);
+    let cells = [4usize, 0, 2];
+    let mut cache = vec![0xFFFFu16; 5 * width];
+    kv_store_f16(&x, width, &cells, &mut cache).unwrap();
+    for (t, &cell) in cells.iter().enumerate() {
+        for i in 0..width {
+            // f64 -> f16 is the same single rounding as f32 -> f16 for f32 inputs.
+            let want = f16::from_f64(x[t * width + i] as f64).to_bits();
+            assert_eq!(cache[cell * width + i], want, "token {t} value {i}");
+        }
+    }
+    assert!(
+        cache[width..2 * width].iter().all(|&b| b == 0xFFFF),
+        "untouched cell"
+    );
+    assert_eq!(f16::from_bits(cache[4 * width + 3]), f16::INFINITY);
+    assert!(kv_store_f16(&x, width, &[5, 0, 0], &mut cache).is_err());
+    assert!(kv_store_f16(&x[1..], width, &cells, &mut cache).is_err());
+}
+
+#[test]
 fn embed_twin_is_exact_and_rejects_bad_tokens() {
     let mut rng = StdRng::seed_from_u64(5);
     let n_vocab = 300;
@@ -544,6 +577,23 @@ mod gpu {
         let mut dg = dg;
         ops::add_inplace(&g, &mut dg, &du)?;
         assert_bits("add gpu", &g.stream.clone_dtoh(&dg)?, &sum);
+        Ok(())
+    }
+
+    #[test]
+    fn kv_store_gpu_equals_twin() -> R {
+        let Some(g) = gpu() else { return Ok(()) };
+        let mut rng = StdRng::seed_from_u64(25);
+        let width = 8 * 128;
+        let x = uniform(&mut rng, 5 * width, -70_000.0, 70_000.0);
+        let cells = [9usize, 0, 3, 4, 7];
+        let mut want = vec![0u16; 10 * width];
+        elementwise::kv_store_f16(&x, width, &cells, &mut want)?;
+        let cells_i: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
+        let (dx, dc) = (g.stream.clone_htod(&x)?, g.stream.clone_htod(&cells_i)?);
+        let mut dcache = g.stream.alloc_zeros::<u16>(10 * width)?;
+        ops::kv_store_f16(&g, &dx, width, &dc, &mut dcache)?;
+        assert_eq!(g.stream.clone_dtoh(&dcache)?, want, "kv_store gpu");
         Ok(())
     }
 

@@ -265,6 +265,51 @@ pub fn add_inplace(
     elementwise(gpu, "add_f32", ap, bp, ap, n)
 }
 
+/// The KV cache write (`kv_store_f16`): token `t`'s `width` values of `x` (f32), rounded
+/// to f16, into cell `cells[t]` of `cache` (`width` values per cell, f16 bits). Cells
+/// outside the cache are skipped on the device (the twin refuses them).
+pub fn kv_store_f16(
+    gpu: &Gpu,
+    x: &impl DevicePtr<f32>,
+    width: usize,
+    cells: &impl DevicePtr<i32>,
+    cache: &mut impl DevicePtrMut<u16>,
+) -> Result<(), OpError> {
+    let n_tok = cells.len();
+    same_len("kv_store x", x.len(), n_tok * width)?;
+    if n_tok == 0 || width == 0 {
+        return Ok(());
+    }
+    let n_cells = int("kv_store cells", cache.len() / width)?;
+    let f = gpu.function("elementwise", "kv_store_f16")?;
+    let (xp, _gx) = x.device_ptr(&gpu.stream);
+    let (cp, _gc) = cells.device_ptr(&gpu.stream);
+    let (kp, _gk) = cache.device_ptr_mut(&gpu.stream);
+    let width_i = int("kv_store width", width)?;
+    let tokens = u32::try_from(n_tok)
+        .ok()
+        .filter(|&t| t <= 65_535)
+        .ok_or_else(|| ShapeError::Unsupported(format!("{n_tok} tokens in one KV write")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (width.div_ceil(EW_THREADS) as u32, tokens, 1),
+        block_dim: (EW_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x holds n_tok rows of width (checked); the kernel bounds every cell by
+    // n_cells, the cache's size.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&xp)
+            .arg(&cp)
+            .arg(&kp)
+            .arg(&width_i)
+            .arg(&n_cells)
+            .launch(cfg)?;
+    }
+    Ok(())
+}
+
 /// `out[t] = row tokens[t]` of the Q8_0 matrix `w` (`[n_vocab][n_embd]`, GGUF bytes),
 /// dequantized (`embed_q8_0`, one block per token). Tokens outside the vocabulary give
 /// zero rows (they live on the device; the CPU twin reports them).

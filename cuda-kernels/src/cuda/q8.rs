@@ -6,7 +6,9 @@
 //! The launch shapes below mirror the kernels' default tuning macros; a module compiled
 //! with other `-D` values needs matching constants.
 
-use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, DevicePtr, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+};
 
 use super::{Gpu, GpuError};
 use crate::cpu::gemv::ShapeError;
@@ -69,7 +71,7 @@ fn int(what: &'static str, value: usize) -> Result<i32, Q8Error> {
     i32::try_from(value).map_err(|_| Q8Error::TooLarge { what, value })
 }
 
-fn check_weights(w: &CudaSlice<u8>, rows: usize, k: usize) -> Result<(), Q8Error> {
+fn check_weights(w: &impl DevicePtr<u8>, rows: usize, k: usize) -> Result<(), Q8Error> {
     if k == 0 || k % QK != 0 {
         return Err(LayoutError::RowNotBlocks { k }.into());
     }
@@ -111,12 +113,12 @@ pub fn gemv(
 /// grid ceil(rows / [`GEMV_ROWS_PER_BLOCK`]), one launch per [`GEMV_MAX_COLS`] columns.
 pub fn gemv_into(
     gpu: &Gpu,
-    w: &CudaSlice<u8>,
+    w: &impl DevicePtr<u8>,
     rows: usize,
     k: usize,
-    x: &CudaSlice<f32>,
+    x: &impl DevicePtr<f32>,
     ncols: usize,
-    y: &mut CudaSlice<f32>,
+    y: &mut impl DevicePtrMut<f32>,
 ) -> Result<(), Q8Error> {
     check_weights(w, rows, k)?;
     check_len("x", x.len(), ncols, k)?;
@@ -135,22 +137,27 @@ pub fn gemv_into(
         block_dim: (32 * GEMV_ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     };
+    let (wp, _gw) = w.device_ptr(&gpu.stream);
+    let (xp, _gx) = x.device_ptr(&gpu.stream);
+    let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+    let f32_bytes = std::mem::size_of::<f32>() as u64;
     let mut c0 = 0;
     while c0 < ncols {
         let n = (ncols - c0).min(GEMV_MAX_COLS);
-        let xv = x.slice(c0 * k..(c0 + n) * k);
-        let mut yv = y.slice_mut(c0 * rows..(c0 + n) * rows);
+        // Columns c0.. of x and y: byte offsets into the buffers checked above.
+        let xv = xp + (c0 * k) as u64 * f32_bytes;
+        let yv = yp + (c0 * rows) as u64 * f32_bytes;
         let n_i = n as i32;
         let mut launch = gpu.stream.launch_builder(&f);
         launch
-            .arg(w)
+            .arg(&wp)
             .arg(&xv)
-            .arg(&mut yv)
+            .arg(&yv)
             .arg(&rows_i)
             .arg(&k_i)
             .arg(&n_i);
-        // SAFETY: the argument list matches the kernel's signature, and the shapes checked
-        // above keep every access inside the buffers.
+        // SAFETY: the argument list matches the kernel's signature; x and y hold ncols
+        // columns (checked), so columns c0..c0 + n lie inside them.
         unsafe { launch.launch(cfg) }?;
         c0 += n;
     }
@@ -182,9 +189,9 @@ pub fn quantize(
 /// [`QUANTIZE_BLOCKS_PER_CTA`], grid ceil(nblocks / [`QUANTIZE_BLOCKS_PER_CTA`]).
 pub fn quantize_into(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    q: &mut CudaSlice<i8>,
-    d: &mut CudaSlice<f32>,
+    x: &impl DevicePtr<f32>,
+    q: &mut impl DevicePtrMut<i8>,
+    d: &mut impl DevicePtrMut<f32>,
 ) -> Result<(), Q8Error> {
     if x.len() % QK != 0 {
         return Err(LayoutError::RowNotBlocks { k: x.len() }.into());
@@ -206,8 +213,11 @@ pub fn quantize_into(
         block_dim: (32 * QUANTIZE_BLOCKS_PER_CTA as u32, 1, 1),
         shared_mem_bytes: 0,
     };
+    let (xp, _gx) = x.device_ptr(&gpu.stream);
+    let (qp, _gq) = q.device_ptr_mut(&gpu.stream);
+    let (dp, _gd) = d.device_ptr_mut(&gpu.stream);
     let mut launch = gpu.stream.launch_builder(&f);
-    launch.arg(x).arg(q).arg(d).arg(&nb_i);
+    launch.arg(&xp).arg(&qp).arg(&dp).arg(&nb_i);
     // SAFETY: the argument list matches the kernel's signature; q and d were checked to
     // hold nblocks blocks.
     unsafe { launch.launch(cfg) }?;
@@ -236,13 +246,12 @@ pub fn gemm(
 /// memory only (about 19 KiB).
 pub fn gemm_into(
     gpu: &Gpu,
-    w: &CudaSlice<u8>,
+    w: &impl DevicePtr<u8>,
     rows: usize,
     k: usize,
     x: &DeviceQ8Act,
-    y: &mut CudaSlice<f32>,
+    y: &mut impl DevicePtrMut<f32>,
 ) -> Result<(), Q8Error> {
-    check_weights(w, rows, k)?;
     if x.k != k {
         return Err(ShapeError::Len {
             what: "an activation row",
@@ -251,18 +260,35 @@ pub fn gemm_into(
         }
         .into());
     }
-    check_len("x.q", x.q.len(), x.rows, k)?;
-    check_len("x.d", x.d.len(), x.rows, k / QK)?;
-    check_len("y", y.len(), x.rows, rows)?;
-    let (rows_i, k_i, t_i) = (int("rows", rows)?, int("k", k)?, int("tokens", x.rows)?);
-    if rows == 0 || x.rows == 0 {
+    gemm_parts(gpu, w, rows, k, &x.q, &x.d, x.rows, y)
+}
+
+/// [`gemm_into`] on the quants `xq` and scales `xd` of `tokens` rows of `k` held in any
+/// device buffers (e.g. the first rows of a scratch sized for more).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_parts(
+    gpu: &Gpu,
+    w: &impl DevicePtr<u8>,
+    rows: usize,
+    k: usize,
+    xq: &impl DevicePtr<i8>,
+    xd: &impl DevicePtr<f32>,
+    tokens: usize,
+    y: &mut impl DevicePtrMut<f32>,
+) -> Result<(), Q8Error> {
+    check_weights(w, rows, k)?;
+    check_len("x.q", xq.len(), tokens, k)?;
+    check_len("x.d", xd.len(), tokens, k / QK)?;
+    check_len("y", y.len(), tokens, rows)?;
+    let (rows_i, k_i, t_i) = (int("rows", rows)?, int("k", k)?, int("tokens", tokens)?);
+    if rows == 0 || tokens == 0 {
         return Ok(());
     }
-    let gy = x.rows.div_ceil(GEMM_TILE_TOKENS);
+    let gy = tokens.div_ceil(GEMM_TILE_TOKENS);
     if gy > 65535 {
         return Err(Q8Error::TooLarge {
             what: "tokens",
-            value: x.rows,
+            value: tokens,
         });
     }
     let f = gpu.function("q8_gemm", "q8_gemm_f32")?;
@@ -275,12 +301,16 @@ pub fn gemm_into(
         block_dim: (16, 16, 1),
         shared_mem_bytes: 0,
     };
+    let (wp, _gw) = w.device_ptr(&gpu.stream);
+    let (qp, _gq) = xq.device_ptr(&gpu.stream);
+    let (dp, _gd) = xd.device_ptr(&gpu.stream);
+    let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
     let mut launch = gpu.stream.launch_builder(&f);
     launch
-        .arg(w)
-        .arg(&x.q)
-        .arg(&x.d)
-        .arg(y)
+        .arg(&wp)
+        .arg(&qp)
+        .arg(&dp)
+        .arg(&yp)
         .arg(&rows_i)
         .arg(&k_i)
         .arg(&t_i);
