@@ -57,7 +57,7 @@ pub fn kv_store_f16(
     cache: &mut [u16],
 ) -> Result<(), ShapeError> {
     check_len("kv_store x", x.len(), cells.len() * width)?;
-    let n_cells = if width == 0 { 0 } else { cache.len() / width };
+    let n_cells = cache.len().checked_div(width).unwrap_or(0);
     for (t, &cell) in cells.iter().enumerate() {
         if cell >= n_cells {
             return Err(ShapeError::Unsupported(format!(
