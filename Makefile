@@ -157,6 +157,9 @@ device-bundle: kernels-check
 	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench $(if $(TARGET),--target $(TARGET))
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
+	mkdir -p out/device/daemon
+	cargo test --release $(LOCKED) -p inferloopd --lib --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
+	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/daemon/inferloopd-lib") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"]=="inferloopd"]'
 	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench scripts/device-check.sh out/device/
 	cp -r out/kernels/sm_* out/device/ptx/
 	du -sh out/device

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU and no Rust toolchain: runs the kernel
-# tests (every CUDA kernel against its CPU twin) and `q8-bench --device cuda`, and writes
+# tests (every CUDA kernel against its CPU twin), the daemon's CUDA forward pass against the
+# CPU twins, and `q8-bench --device cuda`, and writes
 # JSON under out/. Takes a bundle made here by `make device-bundle` (out/device/: the test
 # executables, q8-bench, and PTX for sm_87 and sm_90 from `make kernels-check`).
 #
@@ -36,6 +37,16 @@ for t in "$here"/tests/*; do
     fi
     grep -E "test result|GPU test skipped" "$out/test-$name.log" | sort | uniq -c
 done
+# The native forward pass on the GPU against the CPU twins, bit for bit (synthetic llama
+# and qwen2 weights; no model file needed), from the daemon's own test binary.
+if [ -x "$here/daemon/inferloopd-lib" ]; then
+    echo "== inferloopd native cuda"
+    if ! timeout 120 "$here/daemon/inferloopd-lib" cuda --test-threads=1 --nocapture \
+        > "$out/test-inferloopd-cuda.log" 2>&1; then
+        echo "FAILED: inferloopd cuda tests (see $out/test-inferloopd-cuda.log)"; status=1
+    fi
+    grep -E "test result|GPU test skipped" "$out/test-inferloopd-cuda.log" | sort | uniq -c
+fi
 echo "== q8-bench --device cuda"
 timeout 150 "$here/q8-bench" --device cuda --json "$out/q8-bench-cuda.json" || status=1
 echo "== q8-bench --device cpu --small"

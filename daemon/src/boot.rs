@@ -117,6 +117,7 @@ pub fn check_memory(
         n_ubatch: u64::from(engine.n_ubatch),
         margin_bytes: config.memory_margin,
         backend: selection.backend,
+        device: selection.device,
     };
     Ok(Decision::new(
         shape,

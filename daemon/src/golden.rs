@@ -54,6 +54,8 @@ pub struct Request {
     pub activations: native::Activations,
     /// Also compare llama.cpp with flash attention against llama.cpp without it.
     pub noise_floor: bool,
+    /// Run the native forward on the first CUDA GPU instead of the CPU twins.
+    pub cuda: bool,
 }
 
 /// The comparison over every position of every prompt.
@@ -223,12 +225,27 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
 
     // The native model first: a model that is not Q8_0 fails here, naming the tensor,
     // before any llama.cpp work.
-    let mut native = native::open_model(&req.model, 1, n_ctx, req.threads).map_err(|source| {
-        GoldenError::NativeLoad {
-            path: req.model.clone(),
-            source,
+    let native_load = |source| GoldenError::NativeLoad {
+        path: req.model.clone(),
+        source,
+    };
+    let mut native = if req.cuda {
+        if req.activations == native::Activations::F32 {
+            return Err(native_load(NativeError::Unsupported(
+                "the CUDA pass multiplies Q8 activations only (--activations q8)".into(),
+            )));
         }
-    })?;
+        let gpu = inferloop_kernels::cuda::Gpu::open_default(0).map_err(|e| {
+            native_load(NativeError::Kernel {
+                what: "cuda".into(),
+                why: e.to_string(),
+            })
+        })?;
+        native::open_model_cuda(&req.model, 1, n_ctx, req.threads, gpu)
+    } else {
+        native::open_model(&req.model, 1, n_ctx, req.threads)
+    }
+    .map_err(native_load)?;
     native.set_activations(req.activations);
     if native.hparams().n_vocab != n_vocab {
         return Err(GoldenError::NativeLoad {

@@ -76,12 +76,22 @@ struct GoldenArgs {
     /// the agreement a reimplementation can be judged by.
     #[arg(long)]
     noise_floor: bool,
+    /// Where the native forward runs: the CPU twins, or the CUDA kernels on the first GPU
+    /// (Q8 activations only).
+    #[arg(long, value_enum, default_value_t = GoldenDevice::Cpu)]
+    device: GoldenDevice,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
     /// Threads for llama.cpp and the native matmuls (default: one per CPU).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GoldenDevice {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -349,6 +359,7 @@ fn golden(args: GoldenArgs) -> ExitCode {
             GoldenActivations::F32 => inferloopd::engine::native::Activations::F32,
         },
         noise_floor: args.noise_floor,
+        cuda: args.device == GoldenDevice::Cuda,
     };
     let report = match golden::run(&request) {
         Ok(r) => r,

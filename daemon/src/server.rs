@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::boot::Passed;
 use crate::config::ServeConfig;
-use crate::engine::select::{BackendKind, Selection};
+use crate::engine::select::{BackendKind, Device, Selection};
 use crate::engine::{Engine, EngineError, EnginePlan, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
@@ -215,21 +215,29 @@ fn load_engine(
             config.chat_template.as_deref(),
             true,
         )?);
-        let native = crate::engine::native::open_model(
-            &config.model,
-            plan.sequences(),
-            plan.ctx as usize,
-            plan.threads.max(1) as usize,
-        )
-        .map_err(|e| EngineError::ModelLoad {
+        let fail = |reason: String| EngineError::ModelLoad {
             path: config.model.display().to_string(),
-            reason: format!("native backend: {e}"),
-        })?;
+            reason,
+        };
+        let (n_seq, n_ctx) = (plan.sequences(), plan.ctx as usize);
+        let threads = plan.threads.max(1) as usize;
+        let native = match selection.device {
+            Device::Cpu => crate::engine::native::open_model(&config.model, n_seq, n_ctx, threads),
+            Device::Cuda => {
+                let gpu = inferloop_kernels::cuda::Gpu::open_default(0)
+                    .map_err(|e| fail(format!("native backend on CUDA: {e}")))?;
+                crate::engine::native::open_model_cuda(&config.model, n_seq, n_ctx, threads, gpu)
+            }
+        }
+        .map_err(|e| fail(format!("native backend: {e}")))?;
         tracing::info!(
             path = %config.model.display(),
             ms = t0.elapsed().as_millis() as u64,
             kv_bytes = native.kv().bytes() as u64,
-            "model loaded (native backend, CPU)"
+            device = selection.device.name(),
+            gpu = native.cuda().map(|(name, _)| name.to_string()),
+            gpu_weights_and_scratch_bytes = native.cuda().map(|(_, b)| b as u64),
+            "model loaded (native backend)"
         );
         return Engine::start_native(model, native, plan, metrics, thermal);
     }

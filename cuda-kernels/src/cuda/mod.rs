@@ -12,6 +12,8 @@ use cudarc::nvrtc::Ptx;
 use crate::kernels::SOURCES;
 use crate::nvrtc::{self, CompileError};
 
+pub use cudarc;
+
 pub mod ops;
 pub mod q8;
 

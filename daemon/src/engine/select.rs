@@ -77,15 +77,12 @@ impl Selection {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectError {
     #[error(
-        "--backend native --device cuda: the native backend's CUDA path is not wired yet; \
-         use --device cpu (or --device auto)"
-    )]
-    NativeCudaNotWired,
-    #[error(
-        "--device cuda: this build's llama.cpp runs on the CPU only, and the native backend's \
-         CUDA path is not wired yet; use --device cpu (or --device auto)"
+        "--backend llama --device cuda: this build's llama.cpp runs on the CPU only; use \
+         --backend native (Q8_0 weights) or --device cpu"
     )]
     LlamaCpuOnly,
+    #[error("--backend native --device cuda: {0}; the native backend runs Q8_0 weights")]
+    NativeNeedsQ8(String),
     #[error("--device cuda: no CUDA GPU found ({0})")]
     NoGpu(String),
     #[error(
@@ -107,12 +104,21 @@ pub fn select(
         DeviceChoice::Cpu => None,
         DeviceChoice::Auto | DeviceChoice::Cuda => Some(gpu()),
     };
+    let cuda = |why: String| Selection {
+        backend: BackendKind::Native,
+        device: Device::Cuda,
+        why,
+    };
     if device == DeviceChoice::Cuda {
-        match (&found, backend) {
-            (Some(Err(why)), _) => return Err(SelectError::NoGpu(why.clone())),
-            (_, BackendChoice::Native) => return Err(SelectError::NativeCudaNotWired),
-            _ => return Err(SelectError::LlamaCpuOnly),
-        }
+        return match (&found, backend) {
+            (Some(Err(why)), _) => Err(SelectError::NoGpu(why.clone())),
+            (_, BackendChoice::Llama) => Err(SelectError::LlamaCpuOnly),
+            (Some(Ok(name)), _) => match not_q8_0() {
+                None => Ok(cuda(format!("--device cuda: the native backend on {name}"))),
+                Some(t) => Err(SelectError::NativeNeedsQ8(t)),
+            },
+            (None, _) => Err(SelectError::NoGpu("not probed".into())),
+        };
     }
     let pick = |backend, why: String| Selection {
         backend,
@@ -120,27 +126,31 @@ pub fn select(
         why,
     };
     let gpu_note = match &found {
-        Some(Ok(name)) => {
-            format!("CUDA GPU {name} found, but the native backend's CUDA path is not wired yet")
-        }
+        Some(Ok(name)) => format!("CUDA GPU {name} found"),
         Some(Err(why)) => format!("no CUDA GPU ({why})"),
         None => "--device cpu".to_string(),
     };
     Ok(match backend {
         BackendChoice::Llama => pick(BackendKind::LlamaCpp, "--backend llama".into()),
-        BackendChoice::Native => pick(
-            BackendKind::Native,
-            format!("--backend native on the CPU ({gpu_note})"),
-        ),
+        BackendChoice::Native => match &found {
+            // With --device auto the GPU is used when the weights allow it; otherwise the
+            // load refuses the weights by name, as on the CPU.
+            Some(Ok(_)) if not_q8_0().is_none() => {
+                cuda(format!("--backend native and {gpu_note}: on CUDA"))
+            }
+            _ => pick(
+                BackendKind::Native,
+                format!("--backend native on the CPU ({gpu_note})"),
+            ),
+        },
         BackendChoice::Auto => match &found {
             Some(Ok(_)) => match not_q8_0() {
-                None => pick(
-                    BackendKind::LlamaCpp,
-                    format!("weights are Q8_0 and {gpu_note}: llama.cpp on the CPU"),
-                ),
+                None => cuda(format!(
+                    "weights are Q8_0 and {gpu_note}: the native backend on CUDA"
+                )),
                 Some(t) => pick(
                     BackendKind::LlamaCpp,
-                    format!("{t}: the native backend needs Q8_0 weights"),
+                    format!("{gpu_note}, but {t}: the native backend needs Q8_0 weights"),
                 ),
             },
             _ => pick(
@@ -210,14 +220,21 @@ mod tests {
     }
 
     #[test]
-    fn native_on_cuda_is_refused_until_its_path_is_wired() {
-        assert_eq!(
-            select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q8),
-            Err(SelectError::NativeCudaNotWired)
-        );
+    fn native_runs_on_cuda_when_asked_or_found_with_q8_0_weights() {
+        let s = select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q8).unwrap();
+        assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cuda));
+        assert!(s.why.contains("Orin"), "{}", s.why);
+        for backend in [BackendChoice::Auto, BackendChoice::Native] {
+            let s = select(backend, DeviceChoice::Auto, gpu, q8).unwrap();
+            assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cuda));
+        }
         assert!(matches!(
             select(BackendChoice::Native, DeviceChoice::Cuda, none, q8),
             Err(SelectError::NoGpu(_))
+        ));
+        assert!(matches!(
+            select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q4),
+            Err(SelectError::NativeNeedsQ8(t)) if t.contains("attn_q")
         ));
         assert_eq!(
             select(BackendChoice::Llama, DeviceChoice::Cuda, gpu, q8),
@@ -231,10 +248,8 @@ mod tests {
         assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
         assert!(s.why.contains("no CUDA GPU"), "{}", s.why);
         let s = select(BackendChoice::Auto, DeviceChoice::Auto, gpu, q4).unwrap();
-        assert_eq!(s.backend, BackendKind::LlamaCpp);
+        assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
         assert!(s.why.contains("blk.0.attn_q.weight"), "{}", s.why);
-        let s = select(BackendChoice::Auto, DeviceChoice::Auto, gpu, q8).unwrap();
-        assert!(s.why.contains("not wired yet"), "{}", s.why);
         let s = select(
             BackendChoice::Auto,
             DeviceChoice::Cpu,

@@ -13,7 +13,7 @@ pub use inferloop_gguf::{read_shape, GgufError, ModelShape};
 pub use limits::{read_limits, Limit, LimitSource};
 
 use crate::engine::native::forward::UBATCH;
-use crate::engine::select::BackendKind;
+use crate::engine::select::{BackendKind, Device};
 use crate::metrics::TextWriter;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -49,6 +49,9 @@ pub struct Plan {
     pub margin_bytes: Option<u64>,
     /// The engine the terms are for: llama.cpp's buffers and the native forward's differ.
     pub backend: BackendKind,
+    /// Where the native forward keeps weights and KV: on CUDA they are copied to GPU
+    /// memory, which on a Jetson is the same DRAM, so the same bytes count.
+    pub device: Device,
 }
 
 /// One named line of the ledger.
@@ -178,25 +181,36 @@ impl Ledger {
         // A logits row per sampling sequence, and each sampler's copies of it.
         let logits = 4 * shape.n_vocab * sequences;
         let samplers = 12 * shape.n_vocab * plan.slots;
-        let scratch = rows + attention + logits + samplers;
+        // On CUDA the pass's activations live on the GPU too, with a logits row per pass
+        // token to copy back from.
+        let gpu = match plan.device {
+            Device::Cpu => 0,
+            Device::Cuda => rows + 4 * u * shape.n_vocab,
+        };
+        let scratch = rows + attention + logits + samplers + gpu;
         let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
         let weights = shape.tensor_bytes;
+        let (weights_where, kv_where) = match plan.device {
+            Device::Cpu => ("mapped once by the native backend", ""),
+            Device::Cuda => (
+                "copied once to GPU memory (on a Jetson the same DRAM; the file's mapped pages \
+                 are cache the kernel can drop)",
+                ", in GPU memory",
+            ),
+        };
         let subtotal = weights + kv + scratch + overhead;
         Self {
             terms: vec![
                 Term {
                     name: "weights",
                     bytes: weights,
-                    detail: format!(
-                        "{} tensor bytes, mapped once by the native backend",
-                        shape.architecture
-                    ),
+                    detail: format!("{} tensor bytes, {weights_where}", shape.architecture),
                 },
                 Term {
                     name: "kv",
                     bytes: kv,
                     detail: format!(
-                        "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
+                        "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B{kv_where}",
                         plan.ctx, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
                     ),
                 },
@@ -403,6 +417,7 @@ mod tests {
             n_ubatch: 512,
             margin_bytes: None,
             backend: BackendKind::LlamaCpp,
+            device: Device::Cpu,
         }
     }
 
@@ -610,5 +625,32 @@ mod tests {
         );
         assert!(!d.fits);
         assert!(d.accounting().contains(" scratchMB="), "{}", d.accounting());
+    }
+
+    #[test]
+    fn native_on_cuda_counts_the_gpu_copies_in_the_same_memory() {
+        let on = |device| Plan {
+            backend: BackendKind::Native,
+            device,
+            ..plan(2, 1000)
+        };
+        let (cpu, gpu) = (
+            Ledger::compute(&smollm2(), &on(Device::Cpu)),
+            Ledger::compute(&smollm2(), &on(Device::Cuda)),
+        );
+        assert_eq!(gpu.term("weights"), cpu.term("weights"));
+        assert_eq!(gpu.term("kv"), cpu.term("kv"));
+        // The pass's activations and its logits rows on the GPU besides the host's.
+        assert!(gpu.term("scratch") > cpu.term("scratch"));
+        let detail = |l: &Ledger, name| {
+            l.terms
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| t.detail.clone())
+                .unwrap_or_default()
+        };
+        assert!(detail(&gpu, "weights").contains("GPU memory"));
+        assert!(detail(&gpu, "kv").ends_with("in GPU memory"));
+        assert!(!detail(&cpu, "kv").contains("GPU"));
     }
 }

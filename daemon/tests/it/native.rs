@@ -1,7 +1,7 @@
 //! `--backend native`: the Q8_0 model served by the native forward pass on the CPU (chat,
 //! streaming, two requests at once, reported in `/v1/status` and `/metrics`), and the
-//! refusals: weights that are not Q8_0 (exit 4, naming a tensor) and the CUDA path that is
-//! not wired yet (exit 2).
+//! refusals: weights that are not Q8_0 (exit 4, naming a tensor) and `--device cuda` without
+//! a GPU or with weights it cannot run (exit 2).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -209,16 +209,21 @@ fn native_backend_with_a_shared_kv_pool_is_a_usage_error() {
 }
 
 #[test]
-fn native_backend_on_cuda_is_a_usage_error_until_its_path_is_wired() {
+fn device_cuda_without_a_gpu_or_q8_0_weights_is_a_usage_error() {
     let model = find_model().unwrap_or_else(|e| panic!("{e}"));
     let model = model.to_str().expect("UTF-8 path").to_string();
-    let (status, log) = Daemon::run_to_exit(
-        &["--model", &model, "--backend", "native", "--device", "cuda"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(status.code(), Some(2), "{log}");
-    assert!(
-        log.contains("not wired yet") || log.contains("no CUDA GPU found"),
-        "{log}"
-    );
+    for backend in ["native", "llama"] {
+        let (status, log) = Daemon::run_to_exit(
+            &["--model", &model, "--backend", backend, "--device", "cuda"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(status.code(), Some(2), "{backend}: {log}");
+        // Here: no GPU. On a GPU: the test model is Q4_1, and this llama.cpp is CPU-only.
+        assert!(
+            log.contains("no CUDA GPU found")
+                || log.contains("runs Q8_0 weights")
+                || log.contains("CPU only"),
+            "{backend}: {log}"
+        );
+    }
 }

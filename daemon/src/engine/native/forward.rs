@@ -23,8 +23,9 @@ use inferloop_kernels::cpu::rope::{rope_inplace, Rope};
 use inferloop_kernels::cpu::simd::Isa;
 use inferloop_kernels::q8::{Q8Matrix, QK};
 
+use super::cuda::CudaExec;
 use super::hparams::HParams;
-use super::kv::KvCache;
+use super::kv::{KvCache, Store};
 use super::weights::Weights;
 use super::NativeError;
 
@@ -65,6 +66,8 @@ pub struct Model<'a> {
     /// position in the batch (`None` when absent).
     next_len: Vec<usize>,
     first_pos: Vec<Option<usize>>,
+    /// The GPU the pass runs on (`None`: the CPU twins). Its KV cache is `kv`'s store.
+    cuda: Option<Box<CudaExec>>,
 }
 
 /// Activations of one pass, `UBATCH` rows of each width.
@@ -89,6 +92,30 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// No buffers: for a model whose pass runs on the GPU.
+    fn empty() -> Self {
+        Self {
+            x: Vec::new(),
+            xn: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            attn: Vec::new(),
+            o: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            act: Vec::new(),
+            qa: Q8Act {
+                q: Vec::new(),
+                d: Vec::new(),
+                rows: 0,
+                k: 0,
+            },
+            tokens: Vec::new(),
+            pos: Vec::new(),
+        }
+    }
+
     fn new(hp: &HParams) -> Self {
         let rows = |width: usize| vec![0.0; UBATCH * width];
         Self {
@@ -146,6 +173,7 @@ impl<'a> Model<'a> {
         }
         Ok(Self {
             kv: KvCache::new(hp.n_layer, n_seq, n_ctx, hp.kv_dim()),
+            cuda: None,
             s: Scratch::new(&hp),
             isa: Isa::detect(),
             threads: threads.max(1),
@@ -156,6 +184,36 @@ impl<'a> Model<'a> {
             w: weights,
             hp,
         })
+    }
+
+    /// A model whose pass runs on `gpu`: the weights are copied to GPU memory and the KV
+    /// cache is allocated there; the host keeps only the sequences' lengths and the
+    /// one-pass CPU scratch is not allocated.
+    pub fn new_cuda(
+        hp: HParams,
+        weights: Weights<'a>,
+        n_seq: usize,
+        n_ctx: usize,
+        gpu: inferloop_kernels::cuda::Gpu,
+    ) -> Result<Self, NativeError> {
+        let mut model = Self::new(hp, weights, n_seq, n_ctx, 1)?;
+        let (exec, kv) = CudaExec::new(gpu, &model.hp, &model.w, n_seq, n_ctx)?;
+        model.kv = KvCache::with_store(
+            model.hp.n_layer,
+            n_seq,
+            n_ctx,
+            model.hp.kv_dim(),
+            Store::Device(kv),
+        );
+        model.s = Scratch::empty();
+        model.cuda = Some(Box::new(exec));
+        Ok(model)
+    }
+
+    /// The GPU the pass runs on and the GPU memory its weights and scratch take (`None`
+    /// on the CPU).
+    pub fn cuda(&self) -> Option<(&str, usize)> {
+        self.cuda.as_ref().map(|c| (c.device_name(), c.bytes()))
     }
 
     pub fn hparams(&self) -> &HParams {
@@ -291,6 +349,21 @@ impl<'a> Model<'a> {
 
     /// One pass of at most [`UBATCH`] tokens; logits rows from `row` on.
     fn pass(&mut self, toks: &[BatchToken], want: &[bool], row: usize) -> Result<(), NativeError> {
+        if let Some(cuda) = self.cuda.as_mut() {
+            let n_ctx = self.kv.n_ctx();
+            let Store::Device(kv) = self.kv.store_mut() else {
+                return Err(NativeError::Kv("the CUDA pass needs a GPU KV cache".into()));
+            };
+            let nv = self.hp.n_vocab;
+            return cuda.pass(
+                &self.hp,
+                kv,
+                n_ctx,
+                toks,
+                want,
+                &mut self.logits[row * nv..],
+            );
+        }
         let Self {
             hp,
             w,
@@ -331,6 +404,9 @@ impl<'a> Model<'a> {
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
             n_ctx: kv.n_ctx(),
+        };
+        let Store::Host(kv) = kv.store_mut() else {
+            return Err(NativeError::Kv("the CPU pass needs a host KV cache".into()));
         };
 
         embed(&w.token_embd, tokens, x).map_err(op(None, "token_embd"))?;

@@ -68,6 +68,30 @@ pub fn open_model(
     Model::new(hp, weights, n_seq, n_ctx, threads)
 }
 
+/// [`open_model`] with the pass on `gpu`: the weights are copied to GPU memory. Before it
+/// is used, one pass of a few tokens runs on the GPU and on the CPU twins, and the model is
+/// refused unless their logits agree (the kernels give their twins' bits, so a difference
+/// means a broken driver, compiler or kernel, which must not serve).
+pub fn open_model_cuda(
+    path: &Path,
+    n_seq: usize,
+    n_ctx: usize,
+    threads: usize,
+    gpu: inferloop_kernels::cuda::Gpu,
+) -> Result<Model<'static>, NativeError> {
+    let file = GgufFile::open(path).map_err(|e| NativeError::File(e.to_string()))?;
+    let file: &'static GgufFile = Box::leak(Box::new(file));
+    let hp = HParams::from_metadata(file)?;
+    let mut model = Model::new_cuda(hp.clone(), Weights::load(&hp, file)?, n_seq, n_ctx, gpu)?;
+    let mut twin = Model::new(hp.clone(), Weights::load(&hp, file)?, 1, 16, threads)?;
+    let diff = super::cuda::check_against_twin(&mut model, &mut twin)?;
+    tracing::info!(
+        max_abs_logit_diff = diff,
+        "CUDA pass checked against the CPU twins"
+    );
+    Ok(model)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

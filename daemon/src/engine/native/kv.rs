@@ -10,30 +10,74 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::NativeError;
 
-#[derive(Debug)]
 pub struct KvCache {
     n_seq: usize,
     n_ctx: usize,
     /// Values per cell: `n_head_kv * head_dim`.
     kv_dim: usize,
-    /// Per layer, `n_seq * n_ctx * kv_dim` f16 bits each.
+    n_layer: usize,
+    store: Store,
+    len: Vec<usize>,
+}
+
+/// Where the cells live: host memory for the CPU pass, GPU memory for the CUDA pass.
+pub(super) enum Store {
+    Host(HostKv),
+    Device(super::cuda::DeviceKv),
+}
+
+/// Per layer, `n_seq * n_ctx * kv_dim` f16 bits of K and of V.
+pub(super) struct HostKv {
+    n_ctx: usize,
+    kv_dim: usize,
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
-    len: Vec<usize>,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("n_seq", &self.n_seq)
+            .field("n_ctx", &self.n_ctx)
+            .field("kv_dim", &self.kv_dim)
+            .field("on_device", &matches!(self.store, Store::Device(_)))
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl KvCache {
     /// An empty cache (every sequence of length 0) of `n_seq` sequences × `n_ctx` cells.
     pub fn new(n_layer: usize, n_seq: usize, n_ctx: usize, kv_dim: usize) -> Self {
         let cells = n_seq * n_ctx * kv_dim;
-        Self {
-            n_seq,
+        let host = HostKv {
             n_ctx,
             kv_dim,
             k: (0..n_layer).map(|_| vec![0; cells]).collect(),
             v: (0..n_layer).map(|_| vec![0; cells]).collect(),
+        };
+        Self::with_store(n_layer, n_seq, n_ctx, kv_dim, Store::Host(host))
+    }
+
+    pub(super) fn with_store(
+        n_layer: usize,
+        n_seq: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+        store: Store,
+    ) -> Self {
+        Self {
+            n_seq,
+            n_ctx,
+            kv_dim,
+            n_layer,
+            store,
             len: vec![0; n_seq],
         }
+    }
+
+    pub(super) fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
     }
 
     pub fn n_seq(&self) -> usize {
@@ -46,7 +90,7 @@ impl KvCache {
 
     /// Bytes the cache holds (K and V of every layer).
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.n_seq * self.n_ctx * self.kv_dim * std::mem::size_of::<u16>()
+        2 * self.n_layer * self.n_seq * self.n_ctx * self.kv_dim * std::mem::size_of::<u16>()
     }
 
     /// Positions `seq` holds (`0..len`); 0 for a sequence outside the cache.
@@ -79,14 +123,36 @@ impl KvCache {
         if src != dst {
             let stride = self.n_ctx * self.kv_dim;
             let n = len * self.kv_dim;
-            for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-                buf.copy_within(src * stride..src * stride + n, dst * stride);
+            match &mut self.store {
+                Store::Host(h) => {
+                    for buf in h.k.iter_mut().chain(h.v.iter_mut()) {
+                        buf.copy_within(src * stride..src * stride + n, dst * stride);
+                    }
+                }
+                Store::Device(d) => d.copy(src * stride, dst * stride, n)?,
             }
         }
         self.len[dst] = len;
         Ok(())
     }
 
+    pub(super) fn set_len(&mut self, seq: usize, len: usize) {
+        self.len[seq] = len;
+    }
+
+    fn check_seq(&self, seq: usize) -> Result<(), NativeError> {
+        if seq < self.n_seq {
+            Ok(())
+        } else {
+            Err(NativeError::Kv(format!(
+                "sequence {seq} is outside the cache's {}",
+                self.n_seq
+            )))
+        }
+    }
+}
+
+impl HostKv {
     /// Stores one token's K and V (`kv_dim` f32 each, rounded to f16) at `(seq, pos)` of
     /// `layer`. Does not change the sequence's length ([`Self::set_len`] does, once per
     /// batch); the caller has checked `seq` and `pos`.
@@ -107,20 +173,5 @@ impl KvCache {
         let stride = self.n_ctx * self.kv_dim;
         let r = seq * stride..(seq + 1) * stride;
         (&self.k[layer][r.clone()], &self.v[layer][r])
-    }
-
-    pub(super) fn set_len(&mut self, seq: usize, len: usize) {
-        self.len[seq] = len;
-    }
-
-    fn check_seq(&self, seq: usize) -> Result<(), NativeError> {
-        if seq < self.n_seq {
-            Ok(())
-        } else {
-            Err(NativeError::Kv(format!(
-                "sequence {seq} is outside the cache's {}",
-                self.n_seq
-            )))
-        }
     }
 }

@@ -10,11 +10,14 @@
 //! - [`kv`]: [`KvCache`], per layer `[n_seq][n_ctx][n_head_kv][head_dim]` f16, the layout the
 //!   attention kernel reads; truncate, clear, copy a prefix between sequences.
 //! - [`forward`]: [`Model::forward`], a batch of `(seq, token, pos)` to logits rows.
+//! - [`cuda`]: the same pass on a CUDA GPU ([`Model::new_cuda`]): weights and KV cache in
+//!   GPU memory, `inferloop-kernels`' CUDA kernels.
 //! - [`gguf`]: the traits for `inferloop-gguf`'s reader, and [`open_model`] from a file.
 //! - [`sampling`]: [`sampling::Sampler`], llama.cpp's sampling chain in Rust, seeded.
 //! - [`backend`]: [`NativeBackend`], the scheduler's `Backend` on [`Model::forward`].
 
 pub mod backend;
+pub mod cuda;
 pub mod forward;
 pub mod gguf;
 pub mod hparams;
@@ -27,7 +30,7 @@ mod tests;
 
 pub use backend::NativeBackend;
 pub use forward::{Activations, BatchToken, Model};
-pub use gguf::open_model;
+pub use gguf::{open_model, open_model_cuda};
 pub use hparams::{Arch, HParams, Metadata};
 pub use kv::KvCache;
 pub use weights::{TensorKind, TensorRef, TensorSource, Weights};
