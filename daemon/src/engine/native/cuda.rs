@@ -478,7 +478,8 @@ pub fn check_against_twin(
     twin: &mut super::Model<'_>,
 ) -> Result<f32, NativeError> {
     let n_vocab = model.hparams().n_vocab;
-    let batch: Vec<BatchToken> = (0..6u32)
+    let n = model.kv().n_ctx().min(twin.kv().n_ctx()).min(6) as u32;
+    let batch: Vec<BatchToken> = (0..n)
         .map(|pos| BatchToken {
             seq: 0,
             token: ((pos as usize * 7919 + 1) % n_vocab) as i32,

@@ -151,6 +151,19 @@ impl<'a> Model<'a> {
         n_ctx: usize,
         threads: usize,
     ) -> Result<Self, NativeError> {
+        Self::check(&hp, &weights, n_seq, n_ctx)?;
+        let kv = KvCache::new(hp.n_layer, n_seq, n_ctx, hp.kv_dim());
+        let s = Scratch::new(&hp);
+        Self::build(hp, weights, kv, s, threads)
+    }
+
+    /// Refuses an empty cache and weights loaded for other hyperparameters.
+    fn check(
+        hp: &HParams,
+        weights: &Weights<'a>,
+        n_seq: usize,
+        n_ctx: usize,
+    ) -> Result<(), NativeError> {
         if n_seq == 0 || n_ctx == 0 {
             return Err(NativeError::Kv(format!(
                 "a cache of {n_seq} sequences of {n_ctx} positions holds nothing"
@@ -171,10 +184,22 @@ impl<'a> Model<'a> {
                 hp.n_embd
             )));
         }
+        Ok(())
+    }
+
+    /// A model over checked weights with the given cache and scratch.
+    fn build(
+        hp: HParams,
+        weights: Weights<'a>,
+        kv: KvCache,
+        s: Scratch,
+        threads: usize,
+    ) -> Result<Self, NativeError> {
+        let n_seq = kv.n_seq();
         Ok(Self {
-            kv: KvCache::new(hp.n_layer, n_seq, n_ctx, hp.kv_dim()),
+            kv,
             cuda: None,
-            s: Scratch::new(&hp),
+            s,
             isa: Isa::detect(),
             threads: threads.max(1),
             activations: Activations::default(),
@@ -196,16 +221,10 @@ impl<'a> Model<'a> {
         n_ctx: usize,
         gpu: inferloop_kernels::cuda::Gpu,
     ) -> Result<Self, NativeError> {
-        let mut model = Self::new(hp, weights, n_seq, n_ctx, 1)?;
-        let (exec, kv) = CudaExec::new(gpu, &model.hp, &model.w, n_seq, n_ctx)?;
-        model.kv = KvCache::with_store(
-            model.hp.n_layer,
-            n_seq,
-            n_ctx,
-            model.hp.kv_dim(),
-            Store::Device(kv),
-        );
-        model.s = Scratch::empty();
+        Self::check(&hp, &weights, n_seq, n_ctx)?;
+        let (exec, kv) = CudaExec::new(gpu, &hp, &weights, n_seq, n_ctx)?;
+        let kv = KvCache::with_store(hp.n_layer, n_seq, n_ctx, hp.kv_dim(), Store::Device(kv));
+        let mut model = Self::build(hp, weights, kv, Scratch::empty(), 1)?;
         model.cuda = Some(Box::new(exec));
         Ok(model)
     }
