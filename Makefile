@@ -158,6 +158,8 @@ device-bundle: kernels-check
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
 	mkdir -p out/device/daemon
+	cargo build --release $(LOCKED) -p inferloopd --example native_decode $(if $(TARGET),--target $(TARGET))
+	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
 	cargo test --release $(LOCKED) -p inferloopd --lib --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/daemon/inferloopd-lib") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"]=="inferloopd"]'
 	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench scripts/device-check.sh out/device/

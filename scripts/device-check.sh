@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU and no Rust toolchain: runs the kernel
 # tests (every CUDA kernel against its CPU twin), the daemon's CUDA forward pass against the
-# CPU twins, and `q8-bench --device cuda`, and writes
+# CPU twins, native decode speed on synthetic weights (`native_decode`), and
+# `q8-bench --device cuda`, and writes
 # JSON under out/. Takes a bundle made here by `make device-bundle` (out/device/: the test
 # executables, q8-bench, and PTX for sm_87 and sm_90 from `make kernels-check`).
 #
@@ -46,6 +47,17 @@ if [ -x "$here/daemon/inferloopd-lib" ]; then
         echo "FAILED: inferloopd cuda tests (see $out/test-inferloopd-cuda.log)"; status=1
     fi
     grep -E "test result|GPU test skipped" "$out/test-inferloopd-cuda.log" | sort | uniq -c
+fi
+# Native decode on the GPU with synthetic weights of the default model's and Llama-3-8B's
+# shapes: tokens/s and the weight bytes read per token over the copy bandwidth.
+if [ -x "$here/daemon/native_decode" ]; then
+    for shape in smollm2 llama3-8b; do
+        echo "== native_decode --device cuda --shape $shape"
+        timeout 120 "$here/daemon/native_decode" --device cuda --shape "$shape" --tokens 64 \
+            --json "$out/native-decode-$shape.json" > "$out/native-decode-$shape.log" 2>&1 \
+            || { echo "FAILED: native_decode $shape (see $out/native-decode-$shape.log)"; status=1; }
+        grep -E '"decode_tok_s"|"ratio"' "$out/native-decode-$shape.json" 2>/dev/null
+    done
 fi
 echo "== q8-bench --device cuda"
 timeout 150 "$here/q8-bench" --device cuda --json "$out/q8-bench-cuda.json" || status=1

@@ -137,3 +137,19 @@ pub fn test_gpu() -> Option<Gpu> {
         }
     }
 }
+
+/// Device-to-device copy bandwidth in GB/s (bytes read plus written) over `bytes`, best of
+/// `reps`: the ceiling a GPU kernel's throughput is read against.
+pub fn copy_gbps(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, GpuError> {
+    let src = gpu.stream.alloc_zeros::<u8>(bytes)?;
+    let mut dst = gpu.stream.alloc_zeros::<u8>(bytes)?;
+    let mut fastest = f64::INFINITY;
+    for _ in 0..reps.max(1) + 1 {
+        gpu.stream.synchronize()?;
+        let t = std::time::Instant::now();
+        gpu.stream.memcpy_dtod(&src, &mut dst)?;
+        gpu.stream.synchronize()?;
+        fastest = fastest.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * bytes as f64 / fastest / 1e9)
+}

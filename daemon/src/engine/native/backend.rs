@@ -205,7 +205,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::super::tests::{synth, Spec};
+    use super::super::synth::{synth, Spec, Synth};
     use super::super::{HParams, Weights};
     use super::*;
     use crate::engine::fake::FakeVocab;
@@ -217,7 +217,7 @@ mod tests {
 
     const N_CTX: usize = 64;
 
-    fn model(s: &super::super::tests::Synth, n_seq: usize) -> Model<'_> {
+    fn model(s: &Synth, n_seq: usize) -> Model<'_> {
         let hp = HParams::from_metadata(s).unwrap();
         let w = Weights::load(&hp, s).unwrap();
         Model::new(hp, w, n_seq, N_CTX, 2).unwrap()
@@ -231,7 +231,7 @@ mod tests {
     }
 
     /// The greedy next token after `prompt`, from a model of its own.
-    fn reference_next(s: &super::super::tests::Synth, prompt: &[i32]) -> i32 {
+    fn reference_next(s: &Synth, prompt: &[i32]) -> i32 {
         let mut m = model(s, 1);
         let batch: Vec<BatchToken> = prompt
             .iter()

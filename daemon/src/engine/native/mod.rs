@@ -23,6 +23,7 @@ pub mod gguf;
 pub mod hparams;
 pub mod kv;
 pub mod sampling;
+pub mod synth;
 pub mod weights;
 
 #[cfg(test)]
