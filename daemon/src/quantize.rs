@@ -8,8 +8,6 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::LlamaCppError;
 use llama_cpp_sys_2 as sys;
 
 use crate::exit::ExitCode;
@@ -93,7 +91,7 @@ pub enum QuantizeError {
     #[error("cannot read the GGUF header of {}: {reason}", .path.display())]
     Header { path: PathBuf, reason: String },
     #[error("cannot start llama.cpp: {0}")]
-    Backend(LlamaCppError),
+    Backend(String),
     #[error(
         "llama.cpp could not quantize {} to {} ({to}), return code {code}; its reason is logged \
          above",
@@ -237,12 +235,8 @@ fn quantize_file(
     to: QuantType,
     threads: u32,
 ) -> Result<u32, QuantizeError> {
-    // Only this process's first backend can be held; one that exists already will do.
-    let _backend = match LlamaBackend::init() {
-        Ok(b) => Some(b),
-        Err(LlamaCppError::BackendAlreadyInitialized) => None,
-        Err(e) => return Err(QuantizeError::Backend(e)),
-    };
+    // The process's llama.cpp backend (initialised once, shared with any loaded model).
+    crate::engine::model::llama_backend().map_err(QuantizeError::Backend)?;
     let c_in = c_path(input)?;
     let c_out = c_path(output)?;
     // SAFETY: returns a plain struct by value.

@@ -68,7 +68,7 @@ pub struct ChatTurn {
 
 /// The model plus the llama.cpp backend it was loaded with.
 pub struct LoadedModel {
-    // Field order matters: the model must be freed before the backend.
+    // llama.cpp's backend outlives every model: it is the process's (see `llama_backend`).
     model: LlamaModel,
     /// The model's own template (or `--chat-template`'s), or ChatML for a model without one.
     template: ChatTemplate,
@@ -81,7 +81,7 @@ pub struct LoadedModel {
     tool_format: Format,
     /// That form's marker tokens, which output pieces spell out for the parser.
     markers: Vec<i32>,
-    backend: LlamaBackend,
+    backend: &'static LlamaBackend,
 }
 
 impl LoadedModel {
@@ -106,9 +106,9 @@ impl LoadedModel {
         if !path.is_file() {
             return Err(fail("no such file".into()));
         }
-        let backend = LlamaBackend::init().map_err(|e| fail(e.to_string()))?;
+        let backend = llama_backend().map_err(fail)?;
         let params = LlamaModelParams::default().with_vocab_only(vocab_only);
-        let model = LlamaModel::load_from_file(&backend, path, &params).map_err(|e| {
+        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
             fail(format!(
                 "llama.cpp could not load it ({e}); is it a GGUF file?"
             ))
@@ -200,7 +200,7 @@ impl LoadedModel {
     }
 
     pub(crate) fn backend(&self) -> &LlamaBackend {
-        &self.backend
+        self.backend
     }
 
     /// What bounds the input that can fit a context, measured at load.
@@ -311,6 +311,17 @@ impl LoadedModel {
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// llama.cpp's backend, initialised on first use and kept for the process: llama-cpp-2
+/// allows one at a time, and a process may load more than one model (`golden`, tests, a
+/// vocabulary-only model beside the native backend's weights).
+pub(crate) fn llama_backend() -> Result<&'static LlamaBackend, String> {
+    static BACKEND: std::sync::OnceLock<Result<LlamaBackend, String>> = std::sync::OnceLock::new();
+    BACKEND
+        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// The control tokens that stand for `format`'s markers in this vocabulary (none where a
