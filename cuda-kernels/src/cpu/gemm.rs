@@ -11,7 +11,7 @@ use half::f16;
 use super::gemv::{check_len, usable, ShapeError};
 use super::quantize::Q8Act;
 use super::simd::Isa;
-use crate::q8::{Q8Matrix, BLOCK_BYTES, QK};
+use crate::q8::{row_bytes, Q8Matrix, BLOCK_BYTES, QK};
 
 /// `y[t * rows + r] = sum_k W[r][k] * X[t][k]`: `y` is `x.rows` consecutive vectors of
 /// `w.rows`. Rows are split over `threads` threads (0 counts as 1); the result does not
@@ -39,7 +39,11 @@ pub fn gemm(
         return Ok(());
     }
     let w = &w;
-    super::pool::split_rows(threads, rows, y, |r0, cols| rows_range(isa, w, x, r0, cols));
+    // Pieces of at least 16 KiB of weights: below that a job costs more than it saves.
+    let min_rows = (16 << 10) / row_bytes(w.k);
+    super::pool::split_rows(threads, rows, 1, min_rows, y, |r0, cols| {
+        rows_range(isa, w, x, r0, cols)
+    });
     Ok(())
 }
 

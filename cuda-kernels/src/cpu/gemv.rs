@@ -100,7 +100,9 @@ fn pass(isa: Isa, threads: usize, w: &Q8Matrix, x: &[f32], y: &mut [f32]) {
     let (rows, k) = (w.rows, w.k);
     let xp = permute(x, k);
     let xp = &xp;
-    super::pool::split_rows(threads, rows, y, |r0, cols| {
+    // Pieces of at least 16 KiB of weights: below that a job costs more than it saves.
+    let min_rows = (16 << 10) / row_bytes(k);
+    super::pool::split_rows(threads, rows, 1, min_rows, y, |r0, cols| {
         rows_range(isa, w, xp, r0, cols)
     });
 }
