@@ -98,8 +98,8 @@ pub fn gemv_auto(
 /// One launch's worth: up to [`MAX_COLS`] columns, shapes already checked.
 fn pass(isa: Isa, threads: usize, w: &Q8Matrix, x: &[f32], y: &mut [f32]) {
     let (rows, k) = (w.rows, w.k);
-    let xp = permute(x, k);
-    let xp = &xp;
+    let mut buf = Vec::new();
+    let xp = permute(x, k, &mut buf);
     // Pieces of at least 16 KiB of weights: below that a job costs more than it saves.
     let min_rows = (16 << 10) / row_bytes(k);
     super::pool::split_rows(threads, rows, 1, min_rows, y, |r0, cols| {
@@ -107,9 +107,13 @@ fn pass(isa: Isa, threads: usize, w: &Q8Matrix, x: &[f32], y: &mut [f32]) {
     });
 }
 
-/// `xp[c*k + 32b + 8j + s] = x[c*k + 32b + 4s + j]`: element `j` of sub-lanes 0..8 side by side.
-fn permute(x: &[f32], k: usize) -> Vec<f32> {
-    let mut xp = vec![0.0; x.len()];
+/// `xp[c*k + 32b + 8j + s] = x[c*k + 32b + 4s + j]`: element `j` of sub-lanes 0..8 side by side,
+/// in `buf`, 32-byte aligned so that no load of 8 of them straddles two cache lines.
+fn permute<'a>(x: &[f32], k: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    buf.clear();
+    buf.resize(x.len() + 8, 0.0);
+    let skip = buf.as_ptr().align_offset(32).min(8);
+    let xp = &mut buf[skip..skip + x.len()];
     for (src, dst) in x.chunks_exact(QK).zip(xp.chunks_exact_mut(QK)) {
         for s in 0..8 {
             for j in 0..4 {
@@ -118,7 +122,7 @@ fn permute(x: &[f32], k: usize) -> Vec<f32> {
         }
     }
     debug_assert_eq!(x.len() % k, 0);
-    xp
+    &buf[skip..skip + x.len()]
 }
 
 /// Rows `r0..r0 + cols[0].len()`, writing `cols[c][r - r0]`.
