@@ -212,9 +212,9 @@ fn gemm_matches_the_f64_reference_on_every_isa_and_thread_count() {
         let bytes = random_matrix(&mut rng, rows, k);
         let w = Q8Matrix::new(&bytes, rows, k).unwrap();
         let wd = dequant_f64(&w);
-        // 1 to 5: decode and small batches (the AVX2 row-group path and its edge); 16, 37:
+        // 1 to 9: decode and small batches (the AVX2 row-group path and its edge); 16, 37:
         // prefill.
-        for tokens in [1, 2, 3, 4, 5, 16, 37] {
+        for tokens in [1, 2, 3, 4, 5, 8, 9, 16, 37] {
             let act = random_act(&mut rng, tokens, k);
             // The reference sees exactly the quantized activations: any difference is the
             // kernel's own f32 rounding.
@@ -269,7 +269,7 @@ fn gemm_is_bit_identical_across_isas_on_extreme_blocks() {
             bytes.extend((0..QK).map(|j| if j % 5 == 0 { rng.gen() } else { q }));
         }
         let w = Q8Matrix::new(&bytes, rows, k).unwrap();
-        for tokens in 1..=6 {
+        for tokens in 1..=9 {
             let q: Vec<i8> = (0..tokens * k)
                 .map(|i| match i % 7 {
                     0 => -128,

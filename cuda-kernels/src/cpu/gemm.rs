@@ -7,7 +7,7 @@
 //! that fixed sequence, which every path here replays: results equal the kernel's bit for bit.
 //!
 //! The native backend also decodes through this twin (one token). One row at a time, that
-//! is a horizontal i32 sum and a scalar fma per block; so on AVX2, up to `FEW_TOKENS` (4)
+//! is a horizontal i32 sum and a scalar fma per block; so on AVX2, up to `FEW_TOKENS` (8)
 //! tokens take 8 rows at once instead, the 8 rows' `isum`s of a block in the lanes of one
 //! vector, each lane running its row's own scalar sequence.
 
@@ -58,9 +58,10 @@ pub fn gemm_auto(threads: usize, w: &Q8Matrix, x: &Q8Act, y: &mut [f32]) -> Resu
 }
 
 /// Token counts up to this take the row-group path on AVX2 ([`rows_avx2_few`]): decode
-/// (one token) and small batches. Larger ones keep one row at a time, whose widened
-/// weights are reused across all the tokens.
-const FEW_TOKENS: usize = 4;
+/// (one token) and small batches (at 8 tokens still ~2x the per-row path, one thread).
+/// Larger ones keep one row at a time, whose widened weights are reused across all the
+/// tokens.
+const FEW_TOKENS: usize = 8;
 
 /// Rows `r0..r0 + cols[0].len()`, writing `cols[t][r - r0]`.
 fn rows_range(isa: Isa, w: &Q8Matrix, x: &Q8Act, r0: usize, mut cols: Vec<&mut [f32]>) {
@@ -167,7 +168,11 @@ unsafe fn rows_avx2_few(rows: [&[u8]; GROUP], x: &Q8Act, out: &mut [[f32; GROUP]
         1 => rows_avx2_nt::<1>(rows, x, out),
         2 => rows_avx2_nt::<2>(rows, x, out),
         3 => rows_avx2_nt::<3>(rows, x, out),
-        _ => rows_avx2_nt::<4>(rows, x, out),
+        4 => rows_avx2_nt::<4>(rows, x, out),
+        5 => rows_avx2_nt::<5>(rows, x, out),
+        6 => rows_avx2_nt::<6>(rows, x, out),
+        7 => rows_avx2_nt::<7>(rows, x, out),
+        _ => rows_avx2_nt::<8>(rows, x, out),
     }
 }
 
