@@ -121,6 +121,34 @@ fn gemv_matches_the_f64_reference_on_every_isa_and_thread_count() {
     }
 }
 
+/// Rows long enough for the AVX2 path's k tiles (k > 6144), with a last tile off a multiple
+/// of 4 blocks and row counts off its panels of 16: every ISA and thread count equals the
+/// scalar twin bit for bit, and the f64 reference within the bound.
+#[test]
+fn gemv_long_rows_are_bit_identical_across_isas() {
+    let mut rng = StdRng::seed_from_u64(0x5e12);
+    for (rows, k) in [(37, 14336), (17, 6176), (3, 8224), (16, 6144)] {
+        let bytes = random_matrix(&mut rng, rows, k);
+        let w = Q8Matrix::new(&bytes, rows, k).unwrap();
+        let x = random_vec(&mut rng, 2 * k);
+        let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let (want, mag) = reference(&dequant_f64(&w), rows, k, &x64, 2);
+        for ncols in [1, 2] {
+            let mut first = vec![f32::NAN; ncols * rows];
+            gemv(Isa::Scalar, 1, &w, &x[..ncols * k], ncols, &mut first).unwrap();
+            for isa in Isa::available() {
+                for threads in [1, 2, 3] {
+                    let mut y = vec![f32::NAN; ncols * rows];
+                    gemv(isa, threads, &w, &x[..ncols * k], ncols, &mut y).unwrap();
+                    let what = format!("gemv {rows}x{k} ncols {ncols} {isa:?} threads {threads}");
+                    assert_close(&what, &y, &want[..ncols * rows], &mag[..ncols * rows]);
+                    assert_eq!(bits(&first), bits(&y), "{what}: differs from scalar");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn gemv_columns_are_independent_of_their_neighbours() {
     // Column c of an ncols call equals a single-column call on x[c]: the kernel's passes
