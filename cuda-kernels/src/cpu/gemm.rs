@@ -61,27 +61,21 @@ pub fn gemm_auto(threads: usize, w: &Q8Matrix, x: &Q8Act, y: &mut [f32]) -> Resu
 /// (one token) and small batches (at 8 tokens still ~2x the per-row path, one thread).
 /// Larger ones keep one row at a time, whose widened weights are reused across all the
 /// tokens.
+#[cfg(target_arch = "x86_64")]
 const FEW_TOKENS: usize = 8;
 
 /// Rows `r0..r0 + cols[0].len()`, writing `cols[t][r - r0]`.
 fn rows_range(isa: Isa, w: &Q8Matrix, x: &Q8Act, r0: usize, mut cols: Vec<&mut [f32]>) {
     let n = cols.first().map_or(0, |c| c.len());
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && x.rows <= FEW_TOKENS {
-        let mut out = [[0f32; GROUP]; FEW_TOKENS];
-        while i + GROUP <= n {
-            let rows: [&[u8]; GROUP] = std::array::from_fn(|j| w.row(r0 + i + j));
-            // SAFETY: `usable` only returns Avx2 where the CPU has AVX2, FMA and F16C.
-            unsafe { rows_avx2_few(rows, x, &mut out) };
-            for (col, o) in cols.iter_mut().zip(&out) {
-                col[i..i + GROUP].copy_from_slice(o);
-            }
-            i += GROUP;
-        }
-    }
+    // Rows already done by a row-group path; the rest go one at a time.
+    let done = match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` only returns Avx2 where the CPU has AVX2, FMA and F16C.
+        Isa::Avx2 if x.rows <= FEW_TOKENS => unsafe { groups_avx2(w, x, r0, &mut cols, n) },
+        _ => 0,
+    };
     let mut acc = vec![0f32; x.rows];
-    for i in i..n {
+    for i in done..n {
         let row = w.row(r0 + i);
         match isa {
             #[cfg(target_arch = "x86_64")]
@@ -156,6 +150,29 @@ const PREFETCH_SPAN: usize = 24 << 10;
 /// Rows computed together by [`rows_avx2_few`]: one per f32 lane of a 256-bit vector.
 #[cfg(target_arch = "x86_64")]
 const GROUP: usize = 8;
+
+/// The first `n / GROUP * GROUP` rows of `r0..r0 + n` by [`rows_avx2_few`]; returns how many.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn groups_avx2(
+    w: &Q8Matrix,
+    x: &Q8Act,
+    r0: usize,
+    cols: &mut [&mut [f32]],
+    n: usize,
+) -> usize {
+    let mut out = [[0f32; GROUP]; FEW_TOKENS];
+    let mut i = 0;
+    while i + GROUP <= n {
+        let rows: [&[u8]; GROUP] = std::array::from_fn(|j| w.row(r0 + i + j));
+        rows_avx2_few(rows, x, &mut out);
+        for (col, o) in cols.iter_mut().zip(&out) {
+            col[i..i + GROUP].copy_from_slice(o);
+        }
+        i += GROUP;
+    }
+    i
+}
 
 /// [`GROUP`] rows against `x.rows <= FEW_TOKENS` tokens, `out[t][r]`. Per block, the 8
 /// rows' exact `isum`s are gathered into the lanes of one vector, so lane `r` then runs

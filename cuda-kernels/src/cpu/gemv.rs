@@ -229,6 +229,7 @@ unsafe fn row_avx2(row: &[u8], xp: &[f32], k: usize, ncols: usize, out: &mut [f3
 /// How far ahead of the block being read a row's weights are prefetched, in bytes. The
 /// hardware prefetchers alone fall behind when `x` does not fit in L1 (k = 14336: 56 KiB),
 /// as the twin then waits on L2 for `x` and on memory for the weights by turns.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_AHEAD: usize = 2048;
 
 /// Prefetches the 4 blocks (136 bytes, at most 3 cache lines) [`PREFETCH_AHEAD`] bytes
