@@ -121,6 +121,34 @@ fn gemv_matches_the_f64_reference_on_every_isa_and_thread_count() {
     }
 }
 
+/// Rows long enough for the AVX2 path's k tiles (k > 6144), with a last tile off a multiple
+/// of 4 blocks and row counts off its panels of 16: every ISA and thread count equals the
+/// scalar twin bit for bit, and the f64 reference within the bound.
+#[test]
+fn gemv_long_rows_are_bit_identical_across_isas() {
+    let mut rng = StdRng::seed_from_u64(0x5e12);
+    for (rows, k) in [(37, 14336), (17, 6176), (3, 8224), (16, 6144)] {
+        let bytes = random_matrix(&mut rng, rows, k);
+        let w = Q8Matrix::new(&bytes, rows, k).unwrap();
+        let x = random_vec(&mut rng, 2 * k);
+        let x64: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let (want, mag) = reference(&dequant_f64(&w), rows, k, &x64, 2);
+        for ncols in [1, 2] {
+            let mut first = vec![f32::NAN; ncols * rows];
+            gemv(Isa::Scalar, 1, &w, &x[..ncols * k], ncols, &mut first).unwrap();
+            for isa in Isa::available() {
+                for threads in [1, 2, 3] {
+                    let mut y = vec![f32::NAN; ncols * rows];
+                    gemv(isa, threads, &w, &x[..ncols * k], ncols, &mut y).unwrap();
+                    let what = format!("gemv {rows}x{k} ncols {ncols} {isa:?} threads {threads}");
+                    assert_close(&what, &y, &want[..ncols * rows], &mag[..ncols * rows]);
+                    assert_eq!(bits(&first), bits(&y), "{what}: differs from scalar");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn gemv_columns_are_independent_of_their_neighbours() {
     // Column c of an ncols call equals a single-column call on x[c]: the kernel's passes
@@ -212,7 +240,9 @@ fn gemm_matches_the_f64_reference_on_every_isa_and_thread_count() {
         let bytes = random_matrix(&mut rng, rows, k);
         let w = Q8Matrix::new(&bytes, rows, k).unwrap();
         let wd = dequant_f64(&w);
-        for tokens in [16, 37] {
+        // 1 to 9: decode and small batches (the AVX2 row-group path and its edge); 16, 37:
+        // prefill.
+        for tokens in [1, 2, 3, 4, 5, 8, 9, 16, 37] {
             let act = random_act(&mut rng, tokens, k);
             // The reference sees exactly the quantized activations: any difference is the
             // kernel's own f32 rounding.
@@ -236,6 +266,66 @@ fn gemm_matches_the_f64_reference_on_every_isa_and_thread_count() {
                             assert_eq!(bits(f), bits(&y), "{what}: differs from the first run")
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Every ISA and thread count against the scalar twin, bit for bit, on the values random
+/// data rarely hits: quants of -128 on both sides (ggml never writes them, a file or a
+/// caller may), every row and block at full scale, zero, negative, -0 and subnormal f16
+/// scales, and row counts around the AVX2 path's groups of 8.
+#[test]
+fn gemm_is_bit_identical_across_isas_on_extreme_blocks() {
+    let mut rng = StdRng::seed_from_u64(0x6e34);
+    let scales = [0.0f32, -0.0, 1.0, -0.5, 6.0e-8, 3.0e-5, 0.0999, 65504.0];
+    for (rows, k) in [(8, 32), (15, 64), (16, 96), (17, 576), (67, 160)] {
+        let mut bytes = Vec::with_capacity(rows * row_bytes(k));
+        for i in 0..rows * k / QK {
+            let d = if i % 3 == 0 {
+                f16::from_f32(scales[rng.gen_range(0..scales.len())])
+            } else {
+                f16::from_f32(rng.gen_range(-1e-1f32..1e-1))
+            };
+            bytes.extend_from_slice(&d.to_le_bytes());
+            let q: u8 = match i % 4 {
+                0 => 0x80,
+                1 => 0x7f,
+                _ => rng.gen(),
+            };
+            bytes.extend((0..QK).map(|j| if j % 5 == 0 { rng.gen() } else { q }));
+        }
+        let w = Q8Matrix::new(&bytes, rows, k).unwrap();
+        for tokens in 1..=9 {
+            let q: Vec<i8> = (0..tokens * k)
+                .map(|i| match i % 7 {
+                    0 => -128,
+                    1 => 127,
+                    _ => rng.gen(),
+                })
+                .collect();
+            let d: Vec<f32> = (0..tokens * k / QK)
+                .map(|i| {
+                    if i % 4 == 0 {
+                        scales[rng.gen_range(0..scales.len())]
+                    } else {
+                        f16::from_f32(rng.gen_range(-1e-1f32..1e-1)).to_f32()
+                    }
+                })
+                .collect();
+            let act = Q8Act::new(q, d, tokens, k).unwrap();
+            let mut want = vec![f32::NAN; tokens * rows];
+            gemm(Isa::Scalar, 1, &w, &act, &mut want).unwrap();
+            for isa in Isa::available() {
+                for threads in [1, 2, 3] {
+                    let mut y = vec![f32::NAN; tokens * rows];
+                    gemm(isa, threads, &w, &act, &mut y).unwrap();
+                    assert_eq!(
+                        bits(&want),
+                        bits(&y),
+                        "gemm {rows}x{k} tokens {tokens} {isa:?} threads {threads}"
+                    );
                 }
             }
         }

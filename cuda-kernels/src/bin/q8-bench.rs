@@ -1,7 +1,10 @@
-//! Q8_0 GEMV throughput against the device's copy bandwidth, measured in the same run.
+//! Q8_0 GEMV (and, on the CPU, GEMM) throughput against the device's copy bandwidth,
+//! measured in the same run.
 //!
 //! One row per {kernel, shape, batch}: `gbps` counts the weight and activation bytes read
-//! per second; `ceiling_gbps` is the copy bandwidth (bytes read + written, as STREAM and
+//! per second (`q8_gemv`: f32 activations; `q8_gemm`: activations already quantized to Q8
+//! blocks, as the native backend's Q8 path hands them over: its int8 quants and f32
+//! scales, the quantization itself not timed); `ceiling_gbps` is the copy bandwidth (bytes read + written, as STREAM and
 //! CUDA's bandwidth tests count it); `ratio = gbps / ceiling_gbps`. On the CPU, `read_gbps`
 //! (a streaming read) is reported too: a GEMV only reads, so that is its own ceiling.
 
@@ -22,7 +25,7 @@ enum Device {
 }
 
 #[derive(Parser)]
-#[command(about = "Q8_0 GEMV bandwidth on the CPU twin or a CUDA GPU")]
+#[command(about = "Q8_0 GEMV (and CPU GEMM) bandwidth on the CPU twin or a CUDA GPU")]
 struct Args {
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
@@ -120,12 +123,13 @@ fn main() -> Result<()> {
         Device::Cuda => cuda::rows(&args, &shapes)?,
     };
     println!(
-        "{:<32} {:>5} {:>9} {:>9} {:>6} {:>9} {:>6}",
-        "shape", "batch", "GB/s", "ceiling", "ratio", "read", "ratio"
+        "{:<8} {:<32} {:>5} {:>9} {:>9} {:>6} {:>9} {:>6}",
+        "kernel", "shape", "batch", "GB/s", "ceiling", "ratio", "read", "ratio"
     );
     for r in &rows {
         println!(
-            "{:<32} {:>5} {:>9.1} {:>9.1} {:>6.2} {:>9} {:>6}",
+            "{:<8} {:<32} {:>5} {:>9.1} {:>9.1} {:>6.2} {:>9} {:>6}",
+            r.kernel,
             r.shape,
             r.batch,
             r.gbps,
@@ -176,6 +180,18 @@ fn cpu_rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
     let ceiling = bandwidth::cpu_copy_gbps(256 << 20, threads, 5);
     let read = bandwidth::cpu_read_gbps(256 << 20, threads, 5);
     eprintln!("cpu: {isa:?}, {threads} threads, copy {ceiling:.1} GB/s, read {read:.1} GB/s");
+    let cpu_row = |kernel, shape: &Shape, batch, gbps| Row {
+        kernel,
+        shape: shape.name.to_string(),
+        batch,
+        device: format!("cpu {isa:?} x{threads}"),
+        gbps,
+        ceiling_gbps: ceiling,
+        ratio: gbps / ceiling,
+        read_gbps: Some(read),
+        read_ratio: Some(gbps / read),
+        clock_mhz: None,
+    };
     let mut rows = Vec::new();
     for shape in shapes {
         let bytes = random_q8(shape.rows, shape.k);
@@ -191,18 +207,22 @@ fn cpu_rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
             }
             let moved = bytes.len() + x.len() * 4;
             let gbps = moved as f64 / fastest / 1e9;
-            rows.push(Row {
-                kernel: "q8_gemv",
-                shape: shape.name.to_string(),
+            rows.push(cpu_row("q8_gemv", shape, batch, gbps));
+
+            let act = inferloop_kernels::cpu::quantize::quantize(isa, &x, shape.k)?;
+            let mut fastest = f64::INFINITY;
+            for _ in 0..args.reps.max(1) + 1 {
+                let t = Instant::now();
+                inferloop_kernels::cpu::gemm::gemm(isa, threads, &w, &act, &mut y)?;
+                fastest = fastest.min(t.elapsed().as_secs_f64());
+            }
+            let moved = bytes.len() + act.q.len() + act.d.len() * 4;
+            rows.push(cpu_row(
+                "q8_gemm",
+                shape,
                 batch,
-                device: format!("cpu {isa:?} x{threads}"),
-                gbps,
-                ceiling_gbps: ceiling,
-                ratio: gbps / ceiling,
-                read_gbps: Some(read),
-                read_ratio: Some(gbps / read),
-                clock_mhz: None,
-            });
+                moved as f64 / fastest / 1e9,
+            ));
         }
     }
     Ok(rows)

@@ -98,16 +98,22 @@ pub fn gemv_auto(
 /// One launch's worth: up to [`MAX_COLS`] columns, shapes already checked.
 fn pass(isa: Isa, threads: usize, w: &Q8Matrix, x: &[f32], y: &mut [f32]) {
     let (rows, k) = (w.rows, w.k);
-    let xp = permute(x, k);
-    let xp = &xp;
-    super::pool::split_rows(threads, rows, y, |r0, cols| {
+    let mut buf = Vec::new();
+    let xp = permute(x, k, &mut buf);
+    // Pieces of at least 16 KiB of weights: below that a job costs more than it saves.
+    let min_rows = (16 << 10) / row_bytes(k);
+    super::pool::split_rows(threads, rows, 1, min_rows, y, |r0, cols| {
         rows_range(isa, w, xp, r0, cols)
     });
 }
 
-/// `xp[c*k + 32b + 8j + s] = x[c*k + 32b + 4s + j]`: element `j` of sub-lanes 0..8 side by side.
-fn permute(x: &[f32], k: usize) -> Vec<f32> {
-    let mut xp = vec![0.0; x.len()];
+/// `xp[c*k + 32b + 8j + s] = x[c*k + 32b + 4s + j]`: element `j` of sub-lanes 0..8 side by side,
+/// in `buf`, 32-byte aligned so that no load of 8 of them straddles two cache lines.
+fn permute<'a>(x: &[f32], k: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    buf.clear();
+    buf.resize(x.len() + 8, 0.0);
+    let skip = buf.as_ptr().align_offset(32).min(8);
+    let xp = &mut buf[skip..skip + x.len()];
     for (src, dst) in x.chunks_exact(QK).zip(xp.chunks_exact_mut(QK)) {
         for s in 0..8 {
             for j in 0..4 {
@@ -116,13 +122,19 @@ fn permute(x: &[f32], k: usize) -> Vec<f32> {
         }
     }
     debug_assert_eq!(x.len() % k, 0);
-    xp
+    &buf[skip..skip + x.len()]
 }
 
 /// Rows `r0..r0 + cols[0].len()`, writing `cols[c][r - r0]`.
 fn rows_range(isa: Isa, w: &Q8Matrix, xp: &[f32], r0: usize, mut cols: Vec<&mut [f32]>) {
     let ncols = cols.len();
     let n = cols.first().map_or(0, |c| c.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && ncols == 1 && w.k > TILED_K {
+        // SAFETY: `usable` only returns Avx2 where the CPU has AVX2 and FMA.
+        unsafe { rows_avx2_tiled(w, xp, r0, &mut cols[0][..n]) };
+        return;
+    }
     let mut out = [0f32; MAX_COLS];
     for i in 0..n {
         let row = w.row(r0 + i);
@@ -214,6 +226,26 @@ unsafe fn row_avx2(row: &[u8], xp: &[f32], k: usize, ncols: usize, out: &mut [f3
     }
 }
 
+/// How far ahead of the block being read a row's weights are prefetched, in bytes. The
+/// hardware prefetchers alone fall behind when `x` does not fit in L1 (k = 14336: 56 KiB),
+/// as the twin then waits on L2 for `x` and on memory for the weights by turns.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Prefetches the 4 blocks (136 bytes, at most 3 cache lines) [`PREFETCH_AHEAD`] bytes
+/// past `p`: this row's, or the next rows' when it ends sooner. The address may lie past
+/// the matrix, which a prefetch never faults on.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn prefetch_avx2(p: *const u8) {
+    use std::arch::x86_64::*;
+    let p = p.wrapping_add(PREFETCH_AHEAD) as *const i8;
+    _mm_prefetch::<_MM_HINT_T0>(p);
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -252,6 +284,7 @@ unsafe fn row_avx2_n<const NC: usize>(row: &[u8], xp: &[f32], k: usize, out: &mu
     let (w, x) = (row.as_ptr(), xp.as_ptr());
     let mut b = 0;
     while b + 4 <= nb {
+        prefetch_avx2(w.wrapping_add(b * BLOCK_BYTES));
         let [a0, a1, a2, a3] = &mut acc;
         block_avx2::<NC>(w.add(b * BLOCK_BYTES), x.add(b * QK), k, a0);
         block_avx2::<NC>(w.add((b + 1) * BLOCK_BYTES), x.add((b + 1) * QK), k, a1);
@@ -269,6 +302,84 @@ unsafe fn row_avx2_n<const NC: usize>(row: &[u8], xp: &[f32], k: usize, out: &mu
             _mm256_storeu_ps(lanes[8 * g..].as_mut_ptr(), a[c]);
         }
         out[c] = butterfly(lanes);
+    }
+}
+
+/// One column with a longer `x` than this (f32, permuted: 24 KiB) is walked in tiles of
+/// [`TILE_BLOCKS`] blocks ([`rows_avx2_tiled`]): a whole `x` no longer stays in L1 beside the
+/// weights streaming through it, and the twin waited on L2 for it.
+#[cfg(target_arch = "x86_64")]
+const TILED_K: usize = 6144;
+/// 2048 weights: 8 KiB of `x` (16 KiB measured the same within the noise), and a multiple
+/// of 4 blocks so that every tile starts at group 0.
+#[cfg(target_arch = "x86_64")]
+const TILE_BLOCKS: usize = 64;
+/// Rows whose accumulators are kept while their tiles are walked.
+#[cfg(target_arch = "x86_64")]
+const PANEL: usize = 16;
+
+/// Rows `r0..r0 + out.len()` against one column, for long rows: per panel of [`PANEL`]
+/// rows, tile after tile of `x`, each row's four group accumulators kept across tiles. Each
+/// accumulator still takes its blocks in increasing order, one `fma(d, p, acc)` each, and
+/// the butterfly comes after the last tile, so every result equals [`row_avx2_n`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2_tiled(w: &Q8Matrix, xp: &[f32], r0: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (k, nb, rb) = (w.k, w.k / QK, row_bytes(w.k));
+    debug_assert!(xp.len() == k && (r0 + out.len()) * rb <= w.bytes.len());
+    let x = xp.as_ptr();
+    for (p, outp) in out.chunks_mut(PANEL).enumerate() {
+        let np = outp.len();
+        let base = w.bytes.as_ptr().add((r0 + p * PANEL) * rb);
+        let mut acc = [[[_mm256_setzero_ps(); 1]; 4]; PANEL];
+        let mut t0 = 0;
+        while t0 < nb {
+            let t1 = (t0 + TILE_BLOCKS).min(nb);
+            for (i, a) in acc.iter_mut().enumerate().take(np) {
+                let row = base.add(i * rb);
+                // Prefetched while this slice is read: the next row's slice of the tile, or
+                // (after the panel's last row) the first row's slice of the next tile.
+                let ahead = if i + 1 < np {
+                    rb as isize
+                } else {
+                    ((t1 - t0) * BLOCK_BYTES) as isize - (i * rb) as isize
+                };
+                let [a0, a1, a2, a3] = a;
+                let mut b = t0;
+                while b + 4 <= t1 {
+                    let wb = row.add(b * BLOCK_BYTES);
+                    let pf = wb.wrapping_offset(ahead) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(pf);
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64));
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(128));
+                    block_avx2::<1>(wb, x.add(b * QK), k, a0);
+                    block_avx2::<1>(wb.add(BLOCK_BYTES), x.add((b + 1) * QK), k, a1);
+                    block_avx2::<1>(wb.add(2 * BLOCK_BYTES), x.add((b + 2) * QK), k, a2);
+                    block_avx2::<1>(wb.add(3 * BLOCK_BYTES), x.add((b + 3) * QK), k, a3);
+                    b += 4;
+                }
+                // Only the last tile can end off a multiple of 4.
+                while b < t1 {
+                    let g = match b & 3 {
+                        0 => &mut *a0,
+                        1 => &mut *a1,
+                        2 => &mut *a2,
+                        _ => &mut *a3,
+                    };
+                    block_avx2::<1>(row.add(b * BLOCK_BYTES), x.add(b * QK), k, g);
+                    b += 1;
+                }
+            }
+            t0 = t1;
+        }
+        for (o, a) in outp.iter_mut().zip(&acc) {
+            let mut lanes = [0f32; 32];
+            for (g, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(lanes[8 * g..].as_mut_ptr(), v[0]);
+            }
+            *o = butterfly(lanes);
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
-    /// x86-64 with AVX2 and FMA.
+    /// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has F16C; the twins convert the
+    /// blocks' f16 scales with it).
     Avx2,
     /// aarch64 Advanced SIMD (always present there).
     Neon,
@@ -15,7 +16,10 @@ impl Isa {
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
                 return Isa::Avx2;
             }
         }
