@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use inferloopd::engine::native::sampling::argmax;
 use inferloopd::engine::native::synth::{synth_for_speed, Spec};
 use inferloopd::engine::native::{BatchToken, HParams, Model, Weights};
 use serde_json::json;
@@ -118,7 +119,7 @@ fn main() -> Result<()> {
     for i in 0..args.tokens {
         let tok = BatchToken {
             seq: 0,
-            token: next as i32,
+            token: next,
             pos: (args.prompt + i) as u32,
         };
         next = argmax(model.forward(&[tok], &[true]).context("decode")?);
@@ -144,17 +145,4 @@ fn main() -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv {
-                (i, v)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
 }

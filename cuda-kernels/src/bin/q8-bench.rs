@@ -245,25 +245,9 @@ mod cuda {
     use super::*;
     use inferloop_kernels::cuda::{q8 as gpu_q8, Gpu};
 
-    /// Device-to-device copy bandwidth (bytes read + written) over 1 GiB, best of `reps`.
-    fn copy_gbps(gpu: &Gpu, reps: usize) -> Result<f64> {
-        let n = 1usize << 30;
-        let src = gpu.stream.alloc_zeros::<u8>(n)?;
-        let mut dst = gpu.stream.alloc_zeros::<u8>(n)?;
-        let mut fastest = f64::INFINITY;
-        for _ in 0..reps.max(1) + 1 {
-            gpu.stream.synchronize()?;
-            let t = Instant::now();
-            gpu.stream.memcpy_dtod(&src, &mut dst)?;
-            gpu.stream.synchronize()?;
-            fastest = fastest.min(t.elapsed().as_secs_f64());
-        }
-        Ok(2.0 * n as f64 / fastest / 1e9)
-    }
-
     pub fn rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
         let gpu = Gpu::open_default(0)?;
-        let ceiling = copy_gbps(&gpu, 10)?;
+        let ceiling = inferloop_kernels::cuda::copy_gbps(&gpu, 1 << 30, 10)?;
         eprintln!(
             "cuda: {} (sm_{}{}), device-to-device copy {ceiling:.1} GB/s",
             gpu.name, gpu.capability.0, gpu.capability.1

@@ -105,7 +105,7 @@ async fn a_schema_construct_llguidance_cannot_enforce_is_a_400_naming_it() {
     assert!(msg.contains("\"if\"") && msg.contains("\"then\""), "{v}");
 }
 
-fn weather_tools() -> Value {
+pub fn weather_tools() -> Value {
     json!([
         {"type": "function", "function": {
             "name": "get_weather",

@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::harness::{assert_error, chat_body, stream_finish_reason, stream_text, Daemon};
+use crate::structured::weather_tools;
 
 fn fixture(name: &str) -> String {
     format!(
@@ -26,25 +27,9 @@ fn start(template: &str) -> Daemon {
     ])
 }
 
-fn tools() -> Value {
-    json!([{"type": "function", "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 30},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": false
-        }
-    }}])
-}
-
 fn forced(stream: bool) -> Value {
     let mut body = chat_body("What is the weather like in Paris today?", 64);
-    body["tools"] = tools();
+    body["tools"] = weather_tools();
     body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
     body["stream"] = json!(stream);
     body
@@ -101,7 +86,7 @@ fn round_trip(id: &str) -> Value {
                              "arguments": "{\"city\":\"Paris\",\"unit\":\"celsius\"}"}}]},
             {"role": "tool", "tool_call_id": id, "content": "{\"temp\": 21}"}
         ],
-        "tools": tools(),
+        "tools": weather_tools(),
         "max_tokens": 8,
         "temperature": 0
     })

@@ -18,6 +18,7 @@ use inferloop_kernels::q8::{Q8Matrix, QK};
 
 use super::forward::UBATCH;
 use super::hparams::HParams;
+use super::sampling::argmax;
 use super::weights::Weights;
 use super::{BatchToken, NativeError};
 
@@ -124,18 +125,12 @@ pub struct CudaExec {
     bytes: usize,
 }
 
-/// Maps a GPU error to one naming the tensor or op (`blk.3.attn_q`).
+/// Maps a GPU error to one naming the tensor or op (`cuda blk.3.attn_q`).
 fn op<E: std::fmt::Display>(
     layer: Option<usize>,
     what: &'static str,
 ) -> impl FnOnce(E) -> NativeError {
-    move |e| NativeError::Kernel {
-        what: match layer {
-            Some(l) => format!("cuda blk.{l}.{what}"),
-            None => format!("cuda {what}"),
-        },
-        why: e.to_string(),
-    }
+    super::forward::op_on("cuda ", layer, what)
 }
 
 impl CudaExec {
@@ -520,16 +515,3 @@ pub fn check_against_twin(
 /// bits, so any difference is a fault; this only leaves room for a driver that contracts
 /// differently, not for a wrong kernel.
 pub const CHECK_TOLERANCE: f32 = 1e-2;
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv {
-                (i, v)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
-}

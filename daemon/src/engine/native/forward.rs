@@ -557,10 +557,19 @@ fn op<E: std::fmt::Display>(
     layer: Option<usize>,
     what: &'static str,
 ) -> impl FnOnce(E) -> NativeError {
+    op_on("", layer, what)
+}
+
+/// [`op`] with a device prefix (`cuda blk.3.attn_q`).
+pub(super) fn op_on<E: std::fmt::Display>(
+    device: &'static str,
+    layer: Option<usize>,
+    what: &'static str,
+) -> impl FnOnce(E) -> NativeError {
     move |e| NativeError::Kernel {
         what: match layer {
-            Some(l) => format!("blk.{l}.{what}"),
-            None => what.into(),
+            Some(l) => format!("{device}blk.{l}.{what}"),
+            None => format!("{device}{what}"),
         },
         why: e.to_string(),
     }
