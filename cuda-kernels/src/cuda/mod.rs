@@ -112,6 +112,16 @@ impl Gpu {
     }
 }
 
+/// The name of CUDA device `ordinal`, without compiling or loading any kernel: for deciding
+/// whether a GPU is there before [`Gpu::open`] does the (slower) real work once.
+pub fn probe(ordinal: usize) -> Result<String, GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
+    Ok(ctx.name()?)
+}
+
 /// Environment variable naming a directory of precompiled `<kernel>.ptx` files: set where
 /// the device's NVRTC is not the one this build loads (e.g. CUDA 13 with a CUDA 12 build).
 pub const PTX_DIR_ENV: &str = "INFERLOOP_KERNELS_PTX";

@@ -166,9 +166,8 @@ pub fn probe_gpu() -> Result<String, String> {
     if !inferloop_kernels::cuda::driver_present() {
         return Err("libcuda cannot be loaded".into());
     }
-    inferloop_kernels::cuda::Gpu::open_default(0)
-        .map(|g| g.name.clone())
-        .map_err(|e| e.to_string())
+    // Only the device's presence: the kernels are compiled once, when the model loads.
+    inferloop_kernels::cuda::probe(0).map_err(|e| e.to_string())
 }
 
 /// The first weight matrix of the GGUF at `path` that is not Q8_0 (`name is TYPE`), or the
