@@ -432,6 +432,10 @@ const BUILTIN_FILES: &[(&str, &str)] = &[
         "qemu-virt-arm64",
         include_str!("../profiles/qemu-virt-arm64.toml"),
     ),
+    (
+        "qemu-virt-amd64",
+        include_str!("../profiles/qemu-virt-amd64.toml"),
+    ),
 ];
 
 /// Parses and checks every compiled-in profile, and the set as a whole (unique names, each

@@ -108,7 +108,7 @@ impl DebianBase {
                     .unwrap_or_default(),
             );
         tracing::info!(suite = %self.suite, arch = %self.arch, mirror = %self.mirror,
-            "running mmdebstrap (minutes: every package is configured under qemu-user)");
+            "running mmdebstrap (minutes; a foreign architecture's packages are configured under qemu-user)");
         let out = cmd.output().map_err(ImageError::io("mmdebstrap"))?;
         if !out.status.success() {
             return Err(MMDEBSTRAP.failed(&out));

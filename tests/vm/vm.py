@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Boots the InferLoop image (image/examples/qemu-virt-arm64.toml) under QEMU and checks it.
+"""Boots the InferLoop image (image/examples/qemu-virt-{amd64,arm64}.toml) under QEMU and checks it.
 
     vm.py boot --image DIR            one boot of slot A: systemd state, read-only root, the
                                       daemon's user and sandbox, the qualification smoke set
@@ -178,6 +178,32 @@ def make_disks(work, image_dir, model):
 # --- one boot ----------------------------------------------------------------------------
 
 
+# The machine per image architecture (the daemon's target in the image's manifest). Both run
+# on TCG: this host's KVM (a nested, paravirtual one) hangs an x86 guest's kernel at its
+# first steps, and an arm64 guest has no KVM on an x86 host at all. `-cpu max` has AVX2 and
+# FMA under TCG, which the x86-64-v3 daemon needs.
+MACHINES = {
+    "x86_64": {
+        "qemu": ["qemu-system-x86_64", "-M", "q35", "-cpu", "max", "-vga", "none", "-nodefaults"],
+        "console": "ttyS0",
+    },
+    "aarch64": {
+        "qemu": ["qemu-system-aarch64", "-M", "virt", "-cpu", "max"],
+        "console": "ttyAMA0",
+    },
+}
+
+
+def image_arch(image_dir):
+    """The image's CPU architecture: the first part of the daemon's target triple."""
+    manifest = json.loads((image_dir / "manifest.json").read_text())
+    target = manifest["image"]["daemon"]["target"]
+    arch = target.split("-")[0]
+    if arch not in MACHINES:
+        sys.exit(f"vm: no QEMU machine for the image's target {target}")
+    return arch
+
+
 # Every QEMU started, so that a failed check never leaves one running.
 RUNNING = []
 
@@ -194,16 +220,17 @@ class Boot:
         self.t0 = time.monotonic()
         (work / "vmtest.img").write_bytes(script.encode().ljust(1 << 20, b"\n"))
         dev = "vda" if slot == "A" else "vdb"
+        machine = MACHINES[args.arch]
         append = " ".join([
             f"root=/dev/{dev} ro rootfstype=squashfs rauc.slot={slot}",
-            "console=ttyAMA0 panic=10",
+            f"console={machine['console']} panic=10",
             # The test script: started by systemd-run-generator, alongside the normal boot.
             'systemd.unit=multi-user.target systemd.wants=kernel-command-line.service',
             'systemd.run="/bin/bash /dev/vde" systemd.run_success_action=none',
             "systemd.run_failure_action=none",
         ])
-        cmd = [
-            "qemu-system-aarch64", "-M", "virt", "-cpu", "max", "-smp", "2", "-m", "2048",
+        cmd = machine["qemu"] + [
+            "-smp", "2", "-m", "2048",
             "-display", "none", "-monitor", "none", "-serial", "stdio", "-no-reboot",
             "-kernel", str(args.image / "vmlinuz"), "-initrd", str(args.image / "initrd.img"),
             "-append", append,
@@ -317,7 +344,7 @@ PROLOGUE = r"""#!/bin/bash
 if [ "${1:-}" != run ]; then
 	exec systemd-run --no-block --unit=inferloop-vmtest /bin/bash /dev/vde run
 fi
-# /dev/console, not ttyAMA0: serial-getty hangs up the tty (vhangup) when it starts.
+# /dev/console, not the serial tty: serial-getty hangs up the tty (vhangup) when it starts.
 exec >/dev/console 2>&1
 set -u
 HOST=10.0.2.2
@@ -370,9 +397,11 @@ say ready_for_smoke
 sig smoke-done
 
 # Watchdog: a runtime drop-in (under /run, gone at the next boot) arms the daemon's test-only
-# stall hook; the file it names then blocks the decode loop.
+# stall hook; the file it names then blocks the decode loop. It also puts back the image's
+# own WatchdogSec=30 (the TCG drop-in's 90 s is for slow prefills; an idle daemon has none),
+# so the restart is the one a board would see.
 mkdir -p /run/systemd/system/inferloopd.service.d
-printf '[Service]\nEnvironment=INFERLOOP_DEBUG_STALL_FILE=/run/inferloop-debug-stall\n' \
+printf '[Service]\nEnvironment=INFERLOOP_DEBUG_STALL_FILE=/run/inferloop-debug-stall\nWatchdogSec=30\n' \
 	>/run/systemd/system/inferloopd.service.d/50-vmtest-stall.conf
 systemctl daemon-reload
 systemctl restart inferloopd
@@ -615,9 +644,10 @@ def main():
     args.port = args.port or free_port()
     args.image = args.image.resolve()
     for need in [args.image / "vmlinuz", args.image / "initrd.img", args.image / "rootfs.squashfs",
-                 args.model, args.qual]:
+                 args.image / "manifest.json", args.model, args.qual]:
         if not need.exists():
             sys.exit(f"vm: missing {need}")
+    args.arch = image_arch(args.image)
     if args.command == "test" and not (args.bundles and (args.bundles / "good.raucb").exists()
                                        and (args.bundles / "bad.raucb").exists()):
         sys.exit("vm: test needs --bundles DIR with good.raucb and bad.raucb")

@@ -24,6 +24,7 @@ fn every_builtin_profile_parses_and_names_are_unique() {
             "aarch64-cpu",
             "cuda-dgpu",
             "qemu-virt-arm64",
+            "qemu-virt-amd64",
         ]
     );
     check_set(&profiles).expect("names and compatible strings unique");
@@ -208,7 +209,7 @@ fn jetson_profiles_update_app_and_app_b_and_generic_ones_have_no_ota() {
             .map(|s| (s.name.as_str(), s.device.as_str(), s.bootname.as_str()))
             .collect();
         // The VM's slots are its first two virtio disks (tests/vm/vm.py).
-        let (a, b) = if p.name == "qemu-virt-arm64" {
+        let (a, b) = if p.name.starts_with("qemu-virt-") {
             ("/dev/vda", "/dev/vdb")
         } else {
             ("/dev/disk/by-partlabel/APP", "/dev/disk/by-partlabel/APP_b")
