@@ -36,6 +36,7 @@ ROOTFS = REPO / "rootfs"
 IMAGE_TOOL = Path(os.environ.get("INFERLOOP_IMAGE", REPO / "target/release/inferloop-image"))
 FAKE_NVBOOTCTRL = HERE / "fake-nvbootctrl"
 FAKE_QUAL = HERE / "fake-qual"
+FAKE_SYSTEMCTL = HERE / "fake-systemctl"
 BOARD = "jetson-orin-nx-16gb"
 OTHER_BOARD = "jetson-orin-nano-8gb"
 EPOCH = "1700000000"
@@ -353,12 +354,16 @@ class Device:
     def slot_hash(self, bootname, length=None):
         return sha256_file(self.slot_dev(bootname), length)
 
-    def health(self, qual_rc=0):
-        """Runs rootfs/usr/lib/inferloop/inferloop-health with a stand-in inferloop-qual."""
+    def health(self, qual_rc=0, daemon_exit=None):
+        """Runs rootfs/usr/lib/inferloop/inferloop-health with a stand-in inferloop-qual;
+        `daemon_exit` N: inferloopd's unit has failed for good with exit status N."""
+        (self.w / "qual-args").unlink(missing_ok=True)
         env = dict(
             self.env,
             INFERLOOP_QUAL=str(FAKE_QUAL),
             FAKE_QUAL_RC=str(qual_rc),
+            SYSTEMCTL=str(FAKE_SYSTEMCTL),
+            FAKE_DAEMON_EXIT="" if daemon_exit is None else str(daemon_exit),
             FAKE_QUAL_ARGS=str(self.w / "qual-args"),
             INFERLOOP_HEALTH_SMOKE=str(ROOTFS / "etc/inferloop/health-smoke.txt"),
             INFERLOOP_CONFIG=str(self.w / "no-config.toml"),

@@ -159,6 +159,18 @@ def test_g_failed_health_marks_bad_and_falls_back(world, device):
     assert device.primary() == "A"
 
 
+def test_g1_a_daemon_that_failed_for_good_fails_health_at_once(world, device):
+    # The update's weights pin is wrong, say: inferloopd exits 3 and is not restarted.
+    assert device.install(world.bundles["good-1.1.0"]).returncode == 0
+    assert device.reboot() == "B"
+    h = device.health(qual_rc=0, daemon_exit=3)
+    assert h.returncode != 0 and h.reboot_requested, h.stdout
+    assert "inferloopd.service failed with exit status 3" in h.stdout, h.stdout
+    assert not (device.w / "qual-args").exists(), "the smoke set ran against a dead daemon"
+    assert device.boot_state("B") == "bad"
+    assert device.reboot() == "A"
+
+
 def test_g2_health_failure_of_a_confirmed_image_keeps_the_slot(world, device):
     assert device.install(world.bundles["good-1.1.0"]).returncode == 0
     assert device.reboot() == "B"

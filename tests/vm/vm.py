@@ -175,6 +175,38 @@ def make_disks(work, image_dir, model):
         f.truncate(1 << 20)
 
 
+# --- how much of an image a slot holds ---------------------------------------------------
+
+CHUNK = 1 << 20
+
+
+def chunks(path, count=None):
+    with open(path, "rb") as f:
+        out = []
+        while count is None or len(out) < count:
+            c = f.read(CHUNK)
+            if not c:
+                break
+            out.append(c)
+        return out
+
+
+class SlotWrite:
+    """Progress of writing `image` over what `slot` holds now, in 1 MiB chunks: only the
+    chunks where the two differ can show it (identical files pack to identical bytes)."""
+
+    def __init__(self, slot, image):
+        self.slot = slot
+        self.want = chunks(image)
+        had = chunks(slot, len(self.want))
+        self.moving = [i for i, c in enumerate(self.want) if had[i][: len(c)] != c]
+
+    def written(self):
+        """How many of the differing chunks hold the new image's bytes now."""
+        now = chunks(self.slot, len(self.want))
+        return sum(1 for i in self.moving if now[i][: len(self.want[i])] == self.want[i])
+
+
 # --- one boot ----------------------------------------------------------------------------
 
 
@@ -211,7 +243,9 @@ RUNNING = []
 class Boot:
     """A QEMU process and what its serial console said."""
 
-    def __init__(self, args, work, slot, script, name):
+    def __init__(self, args, work, slot, script, name, throttle=None):
+        """`throttle`: {disk: bytes per second} caps that disk's writes (QEMU's block
+        throttling), so that a write can be caught half done."""
         self.name = name
         self.slot = slot
         self.markers = {}
@@ -237,7 +271,9 @@ class Boot:
         ]
         for i, disk in enumerate(DISKS):
             serial = f",serial=inferloop-{disk}"
-            cmd += ["-drive", f"file={work / (disk + '.img')},if=none,id={disk},format=raw",
+            limit = (throttle or {}).get(disk)
+            cap = f",throttling.bps-write={limit}" if limit else ""
+            cmd += ["-drive", f"file={work / (disk + '.img')},if=none,id={disk},format=raw{cap}",
                     "-device", f"virtio-blk-pci,drive={disk},addr={i + 3:#x}{serial}"]
         cmd += [
             "-netdev", f"user,id=n,hostfwd=tcp:127.0.0.1:{args.port}-:8080",
@@ -584,15 +620,29 @@ def cmd_test(args):
         slot, s = choose_slot(state_disk)
         check(slot == "A", f"the next boot is A ({s})")
 
-        # 3. Slot A: install the good bundle, kill -9 QEMU while RAUC writes slot B.
+        # 3. Slot A: install the good bundle, kill -9 QEMU while RAUC writes slot B. Slot
+        # B's disk takes writes at 8 MB/s (eMMC-like) in this boot only, and the harness
+        # watches the good image's bytes arrive on it and kills once half are there.
+        progress = SlotWrite(work / "slot-b.img", args.bundles / "image-good" / "rootfs.squashfs")
+        check(len(progress.moving) > 0, f"slot B holds another image ({len(progress.moving)} "
+              f"of {len(progress.want)} MiB differ from the good one)")
         b3 = Boot(args, work, slot, script(host.port, INSTALL, finish="reboot", bundle="good.raucb"),
-                  "boot3-A-kill")
+                  "boot3-A-kill", throttle={"slot-b": 8_000_000})
         b3.wait("install_start", args.boot_timeout)
         check(b3.value("version") == "1.0.0", "slot A still runs 1.0.0")
         b3.wait_line(r"VMTEST_RAUC .*Copying image to rootfs\.1", 600)
+        deadline = time.monotonic() + 120
+        half = len(progress.moving) // 2
+        while (progress.written() < half and time.monotonic() < deadline
+               and b3.proc.poll() is None):
+            time.sleep(0.2)
         b3.kill()
         timings.add("boot3: boot to kill -9 mid-write", b3.elapsed())
+        written = progress.written()
         check("install_rc" not in b3.markers, "QEMU was killed before the install finished")
+        check(0 < written < len(progress.moving),
+              f"the kill landed mid-write: {written} of the {len(progress.moving)} MiB that "
+              f"change were on slot B")
         slot, s = choose_slot(state_disk)
         check(slot == "A", f"after kill -9 mid-install the next boot is A ({s})")
 
