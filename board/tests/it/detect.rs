@@ -112,7 +112,7 @@ fn unknown_override_is_an_error_listing_known_boards() {
     match err {
         BoardError::UnknownBoard { name, known } => {
             assert_eq!(name, "jetson-tx2");
-            assert_eq!(known.len(), 8);
+            assert_eq!(known.len(), 9);
         }
         other => panic!("expected UnknownBoard, got {other:?}"),
     }
