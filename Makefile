@@ -370,8 +370,8 @@ fleet-demo: image-tool ota-agent goosebit
 #
 # VM_ARCH=amd64 (the default, what CI runs) boots the x86-64 daemon `make build` made in a
 # q35 machine; VM_ARCH=arm64 boots the aarch64 one from `make cross` in QEMU's virt machine
-# (the cross build alone takes ~40 minutes on 2 cores, so CI does not). Timings go to
-# $(VM_WORK)/timings-*.txt, serial logs to $(VM_WORK)/serial-*.log.
+# (the cross build alone: 23 CPU-minutes, 43 minutes on a busy 2-core box; not in CI).
+# Timings go to $(VM_WORK)/timings-*.txt, serial logs to $(VM_WORK)/serial-*.log.
 
 VM_ARCH    ?= amd64
 VM_SPEC    ?= image/examples/qemu-virt-$(VM_ARCH).toml
