@@ -384,20 +384,16 @@ VM_SMOKE   ?= rootfs-qemu-virt/etc/inferloop/health-smoke-tcg.txt
 ifeq ($(VM_ARCH),arm64)
 VM_DAEMON  := $(CROSS_BIN)
 else
-VM_DAEMON  := vm-daemon-native
+VM_DAEMON  := build
 endif
 
-.PHONY: vm-deps vm-daemon-native image-debian vm-bundles vm-boot vm-test qual-tool
+.PHONY: vm-deps image-debian vm-bundles vm-boot vm-test qual-tool
 
 vm-deps:
 	scripts/install-vm-deps.sh $(VM_ARCH)
 
 qual-tool: deps
 	cargo build --release $(LOCKED) -p inferloop-qual
-
-# The host's own daemon and qualification binary go into the amd64 image.
-vm-daemon-native: deps
-	cargo build --release $(LOCKED) -p inferloopd -p inferloop-qual
 
 image-debian: vm-deps image-tool ota-keys $(VM_DAEMON)
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(VM_SPEC) --out $(VM_IMAGE) \
