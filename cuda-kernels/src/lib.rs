@@ -8,6 +8,8 @@
 //! - [`nvrtc`]: compiling a source for one architecture (the runtime and `kernels-check` share it).
 //! - [`cuda`]: finding a GPU without panicking, loading the kernels, launching them.
 //! - [`bandwidth`]: the copy-bandwidth ceiling a kernel's throughput is read against.
+//! - [`sim`]: the CUDA emulator's build (the kernels compiled for the host CPU and a stand-in
+//!   `libcuda`), so that the CUDA path runs where there is no GPU.
 
 pub mod bandwidth;
 pub mod cpu;
@@ -15,3 +17,4 @@ pub mod cuda;
 pub mod kernels;
 pub mod nvrtc;
 pub mod q8;
+pub mod sim;

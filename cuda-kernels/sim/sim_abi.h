@@ -1,0 +1,36 @@
+// What libcuda_sim.so and an emulated kernel module share: one launch's geometry, and where
+// the launch is (for the message when a kernel touches memory it does not own).
+#pragma once
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sim_idx {
+    unsigned x, y, z;
+};
+
+// Updated by the module as it switches blocks and threads; read by the driver's fault
+// handler.
+struct sim_where {
+    const char* kernel;
+    struct sim_idx block;
+    struct sim_idx thread;
+};
+
+struct sim_launch {
+    unsigned grid[3];
+    unsigned block[3];
+    unsigned shared_bytes;
+    struct sim_where* where;
+};
+
+// Exported by a module once per kernel, as sim_entry_<kernel>: 0, or 1 with a message.
+typedef int (*sim_entry_fn)(const struct sim_launch* l, void** params, char* err,
+                            size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
