@@ -47,6 +47,7 @@ help:
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
+	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  kernels-test-aarch64  the CPU twins' tests cross-built for aarch64, run under qemu-user (NEON)"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
@@ -142,6 +143,18 @@ bench-prefix: $(VENV)/.installed model build
 
 kernels-check:
 	scripts/kernels-check.sh
+
+# The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
+# stand-in libcuda (cuda-kernels/sim/), then the kernel tests in both thread orders, the
+# daemon's CUDA forward pass, golden and a served request on --device cuda, each against
+# the CPU twins (~4 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
+.PHONY: cuda-sim cuda-sim-test
+cuda-sim:
+	cargo build --release $(LOCKED) -p inferloop-kernels --bin cuda-sim
+	target/release/cuda-sim --out out/cuda-sim
+
+cuda-sim-test: $(VENV)/.installed model-q8
+	LOCKED=$(LOCKED) BIN=$(BIN) MODEL_Q8=$(MODEL_Q8) PY=$(VENV)/bin/python scripts/cuda-sim-check.sh
 
 # The twins' tests cross-built for aarch64 and run under qemu-user: the NEON paths, bit for
 # bit against scalar (needs the cross toolchain of `make cross`; minutes, not in CI).
