@@ -7,8 +7,9 @@
 // forward pass run somewhere without a GPU; it proves indexing, bounds, reductions and
 // barriers, not speed, and not the hardware itself.
 //
-// Execution model: one launch runs its blocks one after another on the calling OS thread.
-// Every CUDA thread of a block is a fiber with its own stack; a fiber runs until
+// Execution model: a launch's blocks are shared out among a few OS threads (the caller and a
+// pool), each running one block at a time. Every CUDA thread of a block is a fiber with its
+// own stack on that OS thread; a fiber runs until
 // it reaches __syncthreads or a shuffle, or returns. A shuffle completes when every lane of
 // its warp has reached it; __syncthreads when every thread of the block has. Anything else
 // (a lane that left before a full-mask shuffle, a barrier some threads skip, a warp split
@@ -21,8 +22,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -43,8 +48,8 @@ typedef dim3 uint3;
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-// Blocks of one launch run one after another on one OS thread, so a block's shared arrays
-// can be that thread's statics (contents left over from the previous block, as on a GPU).
+// An OS thread runs one block at a time, so a block's shared arrays can be that thread's
+// statics (contents left over from an earlier block, as on a GPU).
 #define __shared__ static thread_local
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -157,7 +162,7 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 struct Runner {
     const char* kernel;
-    std::function<void()> body;
+    const std::function<void()>* body;
     std::vector<Thread> threads;
     Context sched;
     unsigned current = 0;
@@ -188,7 +193,7 @@ inline void yield_to_scheduler() {
 // A fiber's first code; it never returns (a finished fiber is never resumed).
 [[noreturn]] inline void fiber_main() {
     Runner* r = runner;
-    r->body();
+    (*r->body)();
     r->threads[r->current].state = State::Done;
     switch_to(r->threads[r->current].ctx, r->sched);
     __builtin_trap();
@@ -363,7 +368,67 @@ inline bool ensure_stacks(size_t n) {
     return true;
 }
 
-inline int launch(const char* kernel, std::function<void()> body, const sim_launch& l,
+// The helper threads that run a launch's blocks beside the calling thread (one pool per
+// module, INFERLOOP_SIM_THREADS threads in all, default one per CPU). Blocks of a launch are
+// independent on a GPU too, so they may run at the same time; a launch that finds the pool
+// busy with another thread's launch runs its blocks alone.
+class Pool {
+  public:
+    static Pool& get() {
+        static Pool* pool = new Pool();  // never destroyed: its threads outlive main
+        return *pool;
+    }
+    bool empty() const { return threads_.empty(); }
+    // Runs job on the caller and on every helper; false (nothing run) when busy.
+    bool run(const std::function<void()>& job) {
+        std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+        if (!busy.owns_lock()) return false;
+        {
+            std::lock_guard<std::mutex> g(m_);
+            job_ = &job;
+            pending_ = threads_.size();
+            ++generation_;
+        }
+        wake_.notify_all();
+        job();
+        std::unique_lock<std::mutex> g(m_);
+        done_.wait(g, [&] { return pending_ == 0; });
+        job_ = nullptr;
+        return true;
+    }
+
+  private:
+    Pool() {
+        unsigned n = std::thread::hardware_concurrency();
+        if (const char* e = getenv("INFERLOOP_SIM_THREADS")) n = (unsigned)atoi(e);
+        n = n < 1 ? 1 : n > 64 ? 64 : n;
+        for (unsigned i = 1; i < n; ++i) threads_.emplace_back([this] { serve(); });
+        for (auto& t : threads_) t.detach();
+    }
+    void serve() {
+        uint64_t seen = 0;
+        for (;;) {
+            const std::function<void()>* job;
+            {
+                std::unique_lock<std::mutex> g(m_);
+                wake_.wait(g, [&] { return generation_ != seen; });
+                seen = generation_;
+                job = job_;
+            }
+            (*job)();
+            std::lock_guard<std::mutex> g(m_);
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+    std::mutex busy_, m_;
+    std::condition_variable wake_, done_;
+    const std::function<void()>* job_ = nullptr;
+    size_t pending_ = 0;
+    uint64_t generation_ = 0;
+    std::vector<std::thread> threads_;
+};
+
+inline int launch(const char* kernel, const std::function<void()>& body, const sim_launch& l,
                   char* err, size_t err_len) {
     auto refuse = [&](const std::string& why) {
         snprintf(err, err_len, "%s: %s", kernel, why.c_str());
@@ -378,29 +443,50 @@ inline int launch(const char* kernel, std::function<void()> body, const sim_laun
         return refuse("grid of " + std::to_string(l.grid[0]) + "x" + std::to_string(l.grid[1]) +
                       "x" + std::to_string(l.grid[2]) + " blocks is not launchable");
     if (l.shared_bytes != 0) return refuse("dynamic shared memory is not emulated");
-    if (!ensure_stacks(n)) return refuse("cannot map fiber stacks");
-    Runner r;
-    r.kernel = kernel;
-    r.body = std::move(body);
-    r.threads.resize(n);
-    r.where = l.where;
     const char* order = getenv("INFERLOOP_SIM_ORDER");
-    r.reverse = order && strcmp(order, "reverse") == 0;
-    Runner* outer = runner;
-    runner = &r;
-    gridDim = dim3{l.grid[0], l.grid[1], l.grid[2]};
-    blockDim = dim3{l.block[0], l.block[1], l.block[2]};
-    bool ok = true;
-    for (unsigned z = 0; ok && z < l.grid[2]; ++z)
-        for (unsigned y = 0; ok && y < l.grid[1]; ++y)
-            for (unsigned x = 0; ok && x < l.grid[0]; ++x) {
-                blockIdx = dim3{x, y, z};
-                if (r.where) r.where->block = {x, y, z};
-                ok = run_block(r);
-            }
-    runner = outer;
-    if (!ok) {
-        snprintf(err, err_len, "%s", r.error.c_str());
+    const bool reverse = order && strcmp(order, "reverse") == 0;
+    const uint64_t gx = l.grid[0], gy = l.grid[1];
+    const uint64_t blocks = gx * gy * l.grid[2];
+    std::atomic<uint64_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex error_mu;
+    std::string error;
+
+    // What each OS thread does: take the next block until none is left.
+    const std::function<void()> work = [&] {
+        sim_where* where = l.where_here ? l.where_here() : nullptr;
+        if (where) where->kernel = kernel;
+        Runner r;
+        r.kernel = kernel;
+        r.body = &body;
+        r.where = where;
+        r.reverse = reverse;
+        bool ok = ensure_stacks(n);
+        if (!ok) r.error = std::string(kernel) + ": cannot map fiber stacks";
+        r.threads.resize(n);
+        Runner* outer = runner;
+        runner = &r;
+        gridDim = dim3{l.grid[0], l.grid[1], l.grid[2]};
+        blockDim = dim3{l.block[0], l.block[1], l.block[2]};
+        while (ok && !failed.load(std::memory_order_relaxed)) {
+            const uint64_t b = next.fetch_add(1);
+            if (b >= blocks) break;
+            blockIdx = dim3{(unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / (gx * gy))};
+            if (where) where->block = {blockIdx.x, blockIdx.y, blockIdx.z};
+            ok = run_block(r);
+        }
+        runner = outer;
+        if (where) where->kernel = nullptr;
+        if (!ok) {
+            failed = true;
+            std::lock_guard<std::mutex> g(error_mu);
+            if (error.empty()) error = r.error;
+        }
+    };
+    Pool& pool = Pool::get();
+    if (blocks < 2 || pool.empty() || !pool.run(work)) work();
+    if (failed) {
+        snprintf(err, err_len, "%s", error.c_str());
         return 1;
     }
     return 0;
@@ -440,7 +526,8 @@ inline void invoke(void (*k)(A...), void** params) {
 #define SIM_ENTRY(k)                                                                       \
     extern "C" int sim_entry_##k(const sim_launch* l, void** params, char* err,           \
                                  size_t err_len) {                                         \
-        return sim::launch(#k, [params] { sim::invoke(k, params); }, *l, err, err_len);   \
+        const std::function<void()> body = [params] { sim::invoke(k, params); };          \
+        return sim::launch(#k, body, *l, err, err_len);                                    \
     }
 
 // ---------- CUDA device functions the kernels use ----------

@@ -148,6 +148,8 @@ void on_fault(int sig, siginfo_t* info, void*) {
     raise(sig);
 }
 
+sim_where* where_here() { return &where; }
+
 bool canaries_intact(const Alloc& a, uintptr_t start) {
     const char* lo = a.data;
     const char* hi = a.data + a.data_len;
@@ -476,11 +478,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         say("cuLaunchKernel(%s): the `extra` argument form is not emulated", f->name.c_str());
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    sim_launch l{{gx, gy, gz}, {bx, by, bz}, shared, &where};
-    where.kernel = f->name.c_str();
+    sim_launch l{{gx, gy, gz}, {bx, by, bz}, shared, where_here};
     char err[1024] = {0};
     const int rc = f->entry(&l, params, err, sizeof err);
-    where.kernel = nullptr;
     if (rc != 0) {
         say("launch failed: %s", err);
         return CUDA_ERROR_LAUNCH_FAILED;

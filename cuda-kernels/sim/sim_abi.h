@@ -12,8 +12,8 @@ struct sim_idx {
     unsigned x, y, z;
 };
 
-// Updated by the module as it switches blocks and threads; read by the driver's fault
-// handler.
+// One per OS thread, updated by the module as it switches blocks and threads; read by the
+// driver's fault handler on the thread that faulted.
 struct sim_where {
     const char* kernel;
     struct sim_idx block;
@@ -24,7 +24,8 @@ struct sim_launch {
     unsigned grid[3];
     unsigned block[3];
     unsigned shared_bytes;
-    struct sim_where* where;
+    // The calling OS thread's sim_where in the driver (each thread that runs blocks asks).
+    struct sim_where* (*where_here)(void);
 };
 
 // Exported by a module once per kernel, as sim_entry_<kernel>: 0, or 1 with a message.

@@ -1,6 +1,7 @@
 """The native backend served on CUDA, on the CUDA emulator, against the same backend on the
 CPU twins: the same requests through the real `openai` client give the same text, token for
-token, streamed or not (each CUDA kernel gives its twin's bits, so greedy decoding agrees).
+token, whole or streamed, with a cached prefix, and two at once in one batch (each CUDA
+kernel gives its twin's bits, so greedy decoding agrees).
 
 Run by scripts/cuda-sim-check.sh with the emulator's LD_LIBRARY_PATH and
 INFERLOOP_KERNELS_PTX set. Usage: served.py DAEMON MODEL
@@ -8,6 +9,7 @@ INFERLOOP_KERNELS_PTX set. Usage: served.py DAEMON MODEL
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
@@ -22,7 +25,7 @@ LISTEN = re.compile(r"listening on (http://[0-9.:]+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MODEL_ID = "SmolLM2-135M-Instruct.Q8_0"
 # Short, so that the emulator (seconds per forward pass) finishes in about a minute.
-MESSAGES = [{"role": "user", "content": "Name the capital city of France."}]
+PROMPTS = ["Name the capital city of France.", "Say hello.", "What is two plus two?"]
 MAX_TOKENS = 6
 
 
@@ -32,7 +35,11 @@ class Daemon:
         self.url: str | None = None
         self.ready = threading.Event()
         argv = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                "--slots", "1", "--ctx", "256", "--threads", "2",
+                "--slots", "2", "--ctx", "256", "--threads", "2",
+                # Every resident row reusable, so that a prompt this short is reused at all
+                # (exact mode recomputes the last 64 tokens); the twins and the kernels
+                # round a row alike however it was batched, so the replies stay equal.
+                "--prefix-cache", "relaxed",
                 "--backend", "native", "--device", device]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, errors="replace",
@@ -71,24 +78,34 @@ class Daemon:
         self.proc.wait(timeout=30)
 
 
-def ask(d: Daemon) -> dict:
-    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", timeout=600, max_retries=0)
-    whole = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES,
+def one(client: openai.OpenAI, content: str, stream: bool) -> dict:
+    messages = [{"role": "user", "content": content}]
+    if not stream:
+        r = client.chat.completions.create(model=MODEL_ID, messages=messages,
                                            max_tokens=MAX_TOKENS, temperature=0)
+        return {"text": r.choices[0].message.content, "finish": r.choices[0].finish_reason,
+                "usage": (r.usage.prompt_tokens, r.usage.completion_tokens)}
     pieces, finish = [], None
-    for chunk in client.chat.completions.create(model=MODEL_ID, messages=MESSAGES,
+    for chunk in client.chat.completions.create(model=MODEL_ID, messages=messages,
                                                 max_tokens=MAX_TOKENS, temperature=0,
                                                 stream=True):
         if chunk.choices:
             pieces.append(chunk.choices[0].delta.content or "")
             finish = chunk.choices[0].finish_reason or finish
-    return {
-        "text": whole.choices[0].message.content,
-        "finish": whole.choices[0].finish_reason,
-        "usage": (whole.usage.prompt_tokens, whole.usage.completion_tokens),
-        "streamed": "".join(pieces),
-        "streamed_finish": finish,
-    }
+    return {"text": "".join(pieces), "finish": finish}
+
+
+def ask(d: Daemon) -> dict:
+    """One prompt whole, then streamed (its prefix now cached), then two prompts at once
+    (decoded in one batch over both slots)."""
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", timeout=600, max_retries=0)
+    out = {"whole": one(client, PROMPTS[0], False), "streamed": one(client, PROMPTS[0], True)}
+    out["cached_tokens"] = json.loads(d.get("/v1/status"))["prefix_cache"]["hit_tokens"]
+    with ThreadPoolExecutor(2) as pool:
+        both = [pool.submit(one, client, PROMPTS[1], False),
+                pool.submit(one, client, PROMPTS[2], True)]
+        out["together"] = [f.result() for f in both]
+    return out
 
 
 def main() -> None:
@@ -111,10 +128,11 @@ def main() -> None:
             d.stop()
         print(f"{device}: {results[device]} ({time.monotonic() - t:.0f} s)")
     cpu, cuda = results["cpu"], results["cuda"]
-    assert cpu["text"], "empty reply"
+    assert cpu["whole"]["text"], "empty reply"
+    assert cuda["cached_tokens"] > 0, "the repeated prompt did not reuse its cached prefix"
     assert cuda == cpu, f"CUDA and CPU replies differ:\n cuda {cuda}\n cpu  {cpu}"
-    assert cuda["streamed"] == cuda["text"], "streamed and whole replies differ"
-    print("served on CUDA (emulated) = served on the CPU twins")
+    assert cuda["streamed"]["text"] == cuda["whole"]["text"], "streamed and whole replies differ"
+    print("served on CUDA (emulated) = served on the CPU twins, one by one and two at once")
 
 
 if __name__ == "__main__":
