@@ -147,7 +147,7 @@ kernels-check:
 # The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
 # stand-in libcuda (cuda-kernels/sim/), then the kernel tests in both thread orders, the
 # daemon's CUDA forward pass, golden and a served request on --device cuda, each against
-# the CPU twins (~2.5 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
+# the CPU twins (~3 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
 	cargo build --release $(LOCKED) -p inferloop-kernels --bin cuda-sim

@@ -13,7 +13,7 @@
 #      exactly as --device cpu does, whole and streamed;
 #   4. q8-bench and native_decode run their CUDA branches (their figures are the
 #      emulator's, meaningless as speed).
-# About 2.5 minutes on 2 cores once `make build` is done.
+# About 3 minutes on 2 cores once `make build` is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOCKED=${LOCKED---locked}

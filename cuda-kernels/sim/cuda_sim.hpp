@@ -428,8 +428,27 @@ class Pool {
     std::vector<std::thread> threads_;
 };
 
+// The modules are built with UBSan's alignment, bounds and shift checks, which stop the
+// process at a misaligned load (a fault on a GPU too), an index past a fixed-size array
+// (shared memory included) or an out-of-range shift. UBSan names the source line; this
+// adds which kernel, block and thread it was.
+extern "C" void __sanitizer_set_death_callback(void (*)(void)) __attribute__((weak));
+
+inline void report_where() {
+    if (Runner* r = runner) {
+        const dim3& t = r->threads[r->current].idx;
+        fprintf(stderr, "cuda-sim: in kernel %s, block (%u,%u,%u) thread (%u,%u,%u)\n", r->kernel,
+                blockIdx.x, blockIdx.y, blockIdx.z, t.x, t.y, t.z);
+    }
+}
+
 inline int launch(const char* kernel, const std::function<void()>& body, const sim_launch& l,
                   char* err, size_t err_len) {
+    static const bool hooked = [] {
+        if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(report_where);
+        return true;
+    }();
+    (void)hooked;
     auto refuse = [&](const std::string& why) {
         snprintf(err, err_len, "%s: %s", kernel, why.c_str());
         return 1;

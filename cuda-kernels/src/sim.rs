@@ -294,6 +294,14 @@ const CXX_FLAGS: &[&str] = &[
     "-Wno-unknown-pragmas",
 ];
 
+/// Flags for the kernel modules only: UBSan's checks of what faults or is undefined on a
+/// GPU as well (a misaligned load, an index past a fixed-size array such as a shared one,
+/// a shift by the type's width or more), each fatal at its first occurrence.
+const MODULE_FLAGS: &[&str] = &[
+    "-fsanitize=alignment,bounds,shift,vla-bound",
+    "-fno-sanitize-recover=all",
+];
+
 /// Builds the emulator for every kernel of [`SOURCES`] under `out` with the C++ compiler
 /// `cxx`.
 pub fn build(out: &Path, cxx: &str) -> Result<Built, SimError> {
@@ -326,6 +334,8 @@ pub fn build_with(out: &Path, cxx: &str, sources: &[Source]) -> Result<Built, Si
     let include = format!("-I{}", src_dir.display());
     let mut flags: Vec<&str> = CXX_FLAGS.to_vec();
     flags.push(&include);
+    let mut module_flags = flags.clone();
+    module_flags.extend(MODULE_FLAGS);
 
     let mut units = Vec::new();
     for s in sources {
@@ -342,7 +352,7 @@ pub fn build_with(out: &Path, cxx: &str, sources: &[Source]) -> Result<Built, Si
     let logs = std::thread::scope(|scope| {
         let mut jobs = vec![scope.spawn(|| compile(cxx, &driver_flags, &driver_src, &driver))];
         for (_, _, cpp, so) in &units {
-            let flags = &flags;
+            let flags = &module_flags;
             jobs.push(scope.spawn(move || compile(cxx, flags, cpp, so)));
         }
         jobs.into_iter()

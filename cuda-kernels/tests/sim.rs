@@ -130,6 +130,30 @@ fn a_read_far_past_an_allocation_faults_naming_kernel_block_and_thread() {
     assert!(t.contains("(40 bytes)"), "{t}");
 }
 
+#[test]
+fn a_misaligned_load_and_a_shared_array_overrun_stop_naming_the_line_and_thread() {
+    let t = failing("misaligned");
+    assert!(
+        t.contains("selftest.cu:")
+            && t.contains("misaligned address")
+            && t.contains("16 byte alignment"),
+        "{t}"
+    );
+    assert!(
+        t.contains("cuda-sim: in kernel misaligned_load, block (0,0,0) thread (0,0,0)"),
+        "{t}"
+    );
+    let t = failing("shared_overflow");
+    assert!(
+        t.contains("selftest.cu:") && t.contains("out of bounds"),
+        "{t}"
+    );
+    assert!(
+        t.contains("cuda-sim: in kernel shared_overflow, block (0,0,0) thread (32,0,0)"),
+        "{t}"
+    );
+}
+
 /// The child's side: one case on the emulator (what `run` starts).
 #[test]
 #[ignore = "run by the other tests, in a process whose libcuda is the emulator"]
@@ -196,6 +220,8 @@ mod cases {
             "shuffle_exit" => shuffle_exit(&d),
             "write_oob" => write_oob(&d),
             "read_oob" => read_oob(&d),
+            "misaligned" => misaligned(&d),
+            "shared_overflow" => shared_overflow(&d),
             other => Err(format!("no case {other}").into()),
         }
     }
@@ -452,6 +478,34 @@ mod cases {
                 .arg(&mut y)
                 .arg(&n)
                 .launch(cfg((8, 1, 1), (32, 1, 1)))?
+        };
+        Ok(())
+    }
+
+    fn misaligned(d: &Dev) -> R {
+        let x = d.stream.clone_htod(&[1.0f32; 64])?;
+        let mut y = d.stream.alloc_zeros::<f32>(32)?;
+        let f = d.f("misaligned_load")?;
+        // SAFETY: deliberately not: the kernel loads 16 bytes from x + 4 bytes.
+        unsafe {
+            d.stream
+                .launch_builder(&f)
+                .arg(&x)
+                .arg(&mut y)
+                .launch(cfg((1, 1, 1), (32, 1, 1)))?
+        };
+        Ok(())
+    }
+
+    fn shared_overflow(d: &Dev) -> R {
+        let mut y = d.stream.alloc_zeros::<f32>(64)?;
+        let f = d.f("shared_overflow")?;
+        // SAFETY: deliberately not: threads 32..63 index past the 32-float shared array.
+        unsafe {
+            d.stream
+                .launch_builder(&f)
+                .arg(&mut y)
+                .launch(cfg((1, 1, 1), (64, 1, 1)))?
         };
         Ok(())
     }

@@ -79,3 +79,21 @@ extern "C" __global__ void f16_convert(const unsigned short* h, float* hf, const
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x[i]));
     xh[i] = r;
 }
+
+struct alignas(16) f4 {
+    float a, b, c, d;
+};
+
+// A 16-byte load from x + 1: misaligned, which faults on a GPU.
+extern "C" __global__ void misaligned_load(const float* x, float* y) {
+    const f4 v = *(const f4*)(x + 1);
+    y[threadIdx.x] = v.a + v.d;
+}
+
+// 64 threads writing a 32-float shared array.
+extern "C" __global__ void shared_overflow(float* y) {
+    __shared__ float s[32];
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    y[threadIdx.x] = s[threadIdx.x & 31];
+}
