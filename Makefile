@@ -48,6 +48,7 @@ help:
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
+	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1)"
 	@echo "  kernels-test-aarch64  the CPU twins' tests cross-built for aarch64, run under qemu-user (NEON)"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
@@ -163,13 +164,14 @@ kernels-test-aarch64:
 	scripts/kernels-aarch64.sh
 
 # What scripts/device-check.sh needs on a GPU machine without a toolchain: the kernel test
-# executables, q8-bench and the PTX from kernels-check (TARGET= cross-builds for a Jetson).
+# executables (not the emulator's own, which need a C++ compiler), q8-bench and the PTX from
+# kernels-check (TARGET= cross-builds for a Jetson).
 TARGET ?=
 device-bundle: kernels-check
 	rm -rf out/device && mkdir -p out/device/tests out/device/ptx
 	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench $(if $(TARGET),--target $(TARGET))
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
-	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
+	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"] != "sim"]'
 	mkdir -p out/device/daemon
 	cargo build --release $(LOCKED) -p inferloopd --example native_decode $(if $(TARGET),--target $(TARGET))
 	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
@@ -178,6 +180,14 @@ device-bundle: kernels-check
 	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench scripts/device-check.sh out/device/
 	cp -r out/kernels/sm_* out/device/ptx/
 	du -sh out/device
+
+# The bundle and scripts/device-check.sh dry-run here on the CUDA emulator (QUICK=1: small
+# shapes, few tokens), so that the script a lent GPU runs has run once end to end (~3 min).
+.PHONY: device-check-sim
+device-check-sim: device-bundle cuda-sim
+	rm -rf out/device-check-sim
+	LD_LIBRARY_PATH=$(abspath out/cuda-sim/lib) PTX_DIR=$(abspath out/cuda-sim/modules) QUICK=1 \
+	  OUT=$(abspath out/device-check-sim) out/device/device-check.sh
 
 DEVICE ?= cpu
 kernel-bench:

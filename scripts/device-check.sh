@@ -14,6 +14,10 @@
 # Where the device's libnvrtc is not libnvrtc.so.12 (a CUDA 13 machine), the bundled PTX for
 # the GPU's architecture is loaded through the driver alone; a newer driver JIT-compiles it.
 # Finishes in well under 5 minutes.
+#
+# QUICK=1 (used by `make device-check-sim`, a dry run on the CUDA emulator, where a forward
+# pass takes seconds): native_decode on the small shape for 2 tokens, q8-bench on the small
+# shapes once each. Its figures are the emulator's, not a GPU's.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/../out}
@@ -50,17 +54,22 @@ if [ -x "$here/daemon/inferloopd-lib" ]; then
 fi
 # Native decode on the GPU with synthetic weights of the default model's and Llama-3-8B's
 # shapes: tokens/s and the weight bytes read per token over the copy bandwidth.
+quick=${QUICK:-0}
+shapes="smollm2 llama3-8b"; tokens=64; bench_args=()
+if [ "$quick" = 1 ]; then
+    shapes=smollm2; tokens=2; bench_args=(--small --batch 1 --reps 1)
+fi
 if [ -x "$here/daemon/native_decode" ]; then
-    for shape in smollm2 llama3-8b; do
+    for shape in $shapes; do
         echo "== native_decode --device cuda --shape $shape"
-        timeout 120 "$here/daemon/native_decode" --device cuda --shape "$shape" --tokens 64 \
+        timeout 120 "$here/daemon/native_decode" --device cuda --shape "$shape" --tokens "$tokens" \
             --json "$out/native-decode-$shape.json" > "$out/native-decode-$shape.log" 2>&1 \
             || { echo "FAILED: native_decode $shape (see $out/native-decode-$shape.log)"; status=1; }
         grep -E '"decode_tok_s"|"ratio"' "$out/native-decode-$shape.json" 2>/dev/null
     done
 fi
 echo "== q8-bench --device cuda"
-timeout 150 "$here/q8-bench" --device cuda --json "$out/q8-bench-cuda.json" || status=1
+timeout 150 "$here/q8-bench" --device cuda "${bench_args[@]}" --json "$out/q8-bench-cuda.json" || status=1
 echo "== q8-bench --device cpu --small"
 timeout 60 "$here/q8-bench" --device cpu --small --json "$out/q8-bench-cpu.json" || status=1
 exit $status
