@@ -6,11 +6,11 @@ use std::sync::{Arc, OnceLock};
 
 use inferloop_manifest::{verify_weights, IntegrityError, VerifyCache};
 
-use crate::config::ServeConfig;
+use crate::config::{ConfigError, ServeConfig};
 use crate::engine::select::{self, SelectError, Selection};
 use crate::engine::EnginePlan;
 use crate::exit::ExitCode;
-use crate::ledger::{read_limits, read_shape, Decision, GgufError, Plan};
+use crate::ledger::{read_limits, read_shape, Decision, GgufError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
@@ -23,6 +23,9 @@ pub enum BootError {
     Model(#[from] GgufError),
     #[error(transparent)]
     Select(#[from] SelectError),
+    /// The slots, context and KV settings do not make a plan (exit 2).
+    #[error(transparent)]
+    Plan(#[from] ConfigError),
 }
 
 impl From<IntegrityError> for BootError {
@@ -37,7 +40,7 @@ impl BootError {
             Self::Integrity(_) => ExitCode::Integrity,
             Self::Memory(_) => ExitCode::MemoryRefused,
             Self::Model(_) => ExitCode::ModelLoad,
-            Self::Select(_) => ExitCode::Usage,
+            Self::Select(_) | Self::Plan(_) => ExitCode::Usage,
         }
     }
 }
@@ -76,22 +79,15 @@ pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>,
     )))
 }
 
-/// Resolves `--backend` and `--device` against this machine and the weights; logs why.
-pub fn select_backend(config: &ServeConfig) -> Result<Selection, SelectError> {
+/// Resolves `--backend` and `--device` against this machine, the weights and the plan;
+/// logs why.
+pub fn select_backend(config: &ServeConfig, plan: &EnginePlan) -> Result<Selection, SelectError> {
     let selection = select::select(config.backend, config.device, select::probe_gpu, || {
         select::first_non_q8_0(&config.model)
     })?;
-    let full = config.slots as u64 * u64::from(config.ctx);
-    if selection.backend == select::BackendKind::Native && u64::from(config.kv_cells) < full {
-        // Its cache would give every sequence its whole context anyway: refuse rather than
-        // admit by a pool that does not exist.
-        return Err(SelectError::NativeSharedPool {
-            cells: config.kv_cells,
-            full,
-        });
-    }
+    selection.check_plan(plan)?;
     tracing::info!(
-        backend = selection.backend.name(),
+        backend = selection.name(),
         device = selection.device.name(),
         why = %selection.why,
         "backend selected"
@@ -104,24 +100,15 @@ pub fn select_backend(config: &ServeConfig) -> Result<Selection, SelectError> {
 /// `--sysfs-root`).
 pub fn check_memory(
     config: &ServeConfig,
-    engine: &EnginePlan,
+    plan: &EnginePlan,
     selection: &Selection,
 ) -> Result<Decision, GgufError> {
     let shape = read_shape(&config.model)?;
-    let plan = Plan {
-        slots: engine.slots as u64,
-        ctx: u64::from(engine.ctx),
-        kv_cells: u64::from(engine.kv_cells),
-        shared_kv: engine.shared_kv,
-        prefix_slots: engine.prefix_slots as u64,
-        n_ubatch: u64::from(engine.n_ubatch),
-        margin_bytes: config.memory_margin,
-        backend: selection.backend,
-        device: selection.device,
-    };
     Ok(Decision::new(
         shape,
         plan,
+        selection,
+        config.memory_margin,
         read_limits(&config.thermal.roots, config.memory_budget),
     ))
 }
@@ -129,8 +116,8 @@ pub fn check_memory(
 /// Both gates, in order. Logs the accounting at INFO when it fits.
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     let pinned = check_integrity(config)?;
-    let plan = EnginePlan::from_config(config);
-    let selection = select_backend(config)?;
+    let plan = EnginePlan::from_config(config)?;
+    let selection = select_backend(config, &plan)?;
     let decision = check_memory(config, &plan, &selection)?;
     if !decision.fits {
         return Err(BootError::Memory(Box::new(decision)));

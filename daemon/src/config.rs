@@ -274,12 +274,14 @@ pub struct ServeConfig {
     pub state_dir: Option<PathBuf>,
     pub memory_budget: Option<u64>,
     pub memory_margin: Option<u64>,
-    /// KV cells for all slots together.
-    pub kv_cells: u32,
+    /// KV cells for all slots together (`--kv-cells`; `None`: slots x ctx). The engine plan
+    /// derives and bounds it.
+    pub kv_cells: Option<u32>,
     /// Prompt reuse across requests (`--prefix-cache`).
     pub prefix_cache: PrefixCache,
-    /// Sequences that only retain prompt prefixes (`--prefix-slots`; 0 with reuse off).
-    pub prefix_slots: usize,
+    /// Sequences that only retain prompt prefixes (`--prefix-slots`; `None`: the plan's
+    /// default).
+    pub prefix_slots: Option<usize>,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -470,32 +472,9 @@ impl ServeConfig {
         if !host.is_loopback() && api_key.is_none() && !l.insecure_no_auth.unwrap_or(false) {
             return Err(ConfigError::UnauthenticatedBind { host });
         }
-        let full = (slots as u64 * ctx as u64).min(u32::MAX as u64) as u32;
-        let kv_cells = l.kv_cells.unwrap_or(full);
-        if kv_cells < ctx || kv_cells > full {
-            return Err(invalid(
-                "kv_cells",
-                &format!("must be between ctx ({ctx}) and slots x ctx ({full})"),
-            ));
-        }
+        // The pool and the prefix slots are geometry: `EnginePlan::new` derives and bounds
+        // them against the slots and the context, once.
         let prefix_cache = l.prefix_cache.unwrap_or(PrefixCache::On);
-        let prefix_slots = match (prefix_cache.enabled(), l.prefix_slots) {
-            (false, _) => 0,
-            (true, Some(n)) => n,
-            // They cost no memory in a shared pool: keep twice as many prompts as run.
-            (true, None) if kv_cells < full => 2 * slots,
-            (true, None) => 0,
-        };
-        // llama.cpp's LLAMA_MAX_SEQ.
-        if slots + prefix_slots > 256 {
-            return Err(invalid(
-                "prefix_slots",
-                &format!(
-                    "must be at most {} (256 sequences with the slots)",
-                    256 - slots
-                ),
-            ));
-        }
         if l.memory_budget_mb == Some(0) {
             return Err(invalid("memory_budget_mb", "must be positive"));
         }
@@ -529,9 +508,9 @@ impl ServeConfig {
             state_dir: l.state_dir,
             memory_budget,
             memory_margin,
-            kv_cells,
+            kv_cells: l.kv_cells,
             prefix_cache,
-            prefix_slots,
+            prefix_slots: l.prefix_slots,
             host,
             port: l.port.unwrap_or(8080),
             slots,

@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::engine::model::ChatTurn;
 use crate::engine::native::{self, BatchToken, NativeError};
 use crate::engine::prompt::Limit;
-use crate::engine::{EngineError, LoadedModel};
+use crate::engine::{open_native, Device, EngineError, LoadedModel};
 use crate::exit::ExitCode;
 
 /// One `golden` run.
@@ -54,8 +54,8 @@ pub struct Request {
     pub activations: native::Activations,
     /// Also compare llama.cpp with flash attention against llama.cpp without it.
     pub noise_floor: bool,
-    /// Run the native forward on the first CUDA GPU instead of the CPU twins.
-    pub cuda: bool,
+    /// Where the native forward runs: the CPU twins or the first CUDA GPU.
+    pub device: Device,
 }
 
 /// The comparison over every position of every prompt.
@@ -229,23 +229,14 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         path: req.model.clone(),
         source,
     };
-    let mut native = if req.cuda {
-        if req.activations == native::Activations::F32 {
-            return Err(native_load(NativeError::Unsupported(
-                "the CUDA pass multiplies Q8 activations only (--activations q8)".into(),
-            )));
-        }
-        let gpu = inferloop_kernels::cuda::Gpu::open_default(0).map_err(|e| {
-            native_load(NativeError::Kernel {
-                what: "cuda".into(),
-                why: e.to_string(),
-            })
-        })?;
-        native::open_model_cuda(&req.model, 1, n_ctx, req.threads, gpu)
-    } else {
-        native::open_model(&req.model, 1, n_ctx, req.threads)
+    if req.device == Device::Cuda && req.activations == native::Activations::F32 {
+        return Err(native_load(NativeError::Unsupported(
+            "the CUDA pass multiplies Q8 activations only (--activations q8)".into(),
+        )));
     }
-    .map_err(native_load)?;
+    // Opened as the server opens it, one sequence of the longest prompt's context.
+    let mut native =
+        open_native(&req.model, req.device, 1, n_ctx, req.threads).map_err(native_load)?;
     native.set_activations(req.activations);
     if native.hparams().n_vocab != n_vocab {
         return Err(GoldenError::NativeLoad {

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use inferloop_board::{render_detection, Detector, Roots};
 use inferloop_thermal::render_table;
 use inferloopd::config::{ConfigError, ServeConfig, ServeLayer, ThermalSettings};
+use inferloopd::engine::{Device, EnginePlan};
 use inferloopd::exit::ExitCode;
 use inferloopd::golden;
 use inferloopd::quantize::{self, QuantType};
@@ -78,20 +79,14 @@ struct GoldenArgs {
     noise_floor: bool,
     /// Where the native forward runs: the CPU twins, or the CUDA kernels on the first GPU
     /// (Q8 activations only).
-    #[arg(long, value_enum, default_value_t = GoldenDevice::Cpu)]
-    device: GoldenDevice,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
     /// Threads for llama.cpp and the native matmuls (default: one per CPU).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum GoldenDevice {
-    Cpu,
-    Cuda,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -272,18 +267,21 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let selection = match inferloopd::boot::select_backend(&config) {
+    let plan = match EnginePlan::from_config(&config) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::Usage;
+        }
+    };
+    let selection = match inferloopd::boot::select_backend(&config, &plan) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::Usage;
         }
     };
-    let decision = match inferloopd::boot::check_memory(
-        &config,
-        &inferloopd::engine::EnginePlan::from_config(&config),
-        &selection,
-    ) {
+    let decision = match inferloopd::boot::check_memory(&config, &plan, &selection) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!("{e}");
@@ -359,7 +357,7 @@ fn golden(args: GoldenArgs) -> ExitCode {
             GoldenActivations::F32 => inferloopd::engine::native::Activations::F32,
         },
         noise_floor: args.noise_floor,
-        cuda: args.device == GoldenDevice::Cuda,
+        device: args.device,
     };
     let report = match golden::run(&request) {
         Ok(r) => r,

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::boot::Passed;
 use crate::config::ServeConfig;
-use crate::engine::select::{BackendKind, Device, Selection};
+use crate::engine::Selection;
 use crate::engine::{Engine, EngineError, EnginePlan, LoadedModel};
 use crate::exit::ExitCode;
 use crate::http::{self, AppState};
@@ -206,55 +206,26 @@ fn load_engine(
     thermal: ThermalGate,
 ) -> Result<Engine, EngineError> {
     let t0 = Instant::now();
-    if selection.backend == BackendKind::Native {
-        // llama.cpp keeps the tokenizer and the chat template; the weights are mapped once,
-        // by the native backend.
-        let model = Arc::new(LoadedModel::load_with(
-            &config.model,
-            config.model_id.clone(),
-            config.chat_template.as_deref(),
-            true,
-        )?);
-        let fail = |reason: String| EngineError::ModelLoad {
-            path: config.model.display().to_string(),
-            reason,
-        };
-        let (n_seq, n_ctx) = (plan.sequences(), plan.ctx as usize);
-        let threads = plan.threads.max(1) as usize;
-        let native = match selection.device {
-            Device::Cpu => crate::engine::native::open_model(&config.model, n_seq, n_ctx, threads),
-            Device::Cuda => {
-                let gpu = inferloop_kernels::cuda::Gpu::open_default(0)
-                    .map_err(|e| fail(format!("native backend on CUDA: {e}")))?;
-                crate::engine::native::open_model_cuda(&config.model, n_seq, n_ctx, threads, gpu)
-            }
-        }
-        .map_err(|e| fail(format!("native backend: {e}")))?;
-        tracing::info!(
-            path = %config.model.display(),
-            ms = t0.elapsed().as_millis() as u64,
-            kv_bytes = native.kv().bytes() as u64,
-            device = selection.device.name(),
-            gpu = native.cuda().map(|(name, _)| name.to_string()),
-            gpu_weights_and_scratch_bytes = native.cuda().map(|(_, b)| b as u64),
-            "model loaded (native backend)"
-        );
-        return Engine::start_native(model, native, plan, metrics, thermal);
-    }
+    // The tokenizer and chat template always come from llama.cpp; the weights too, unless
+    // the backend maps them itself.
+    let vocab_only = selection.capabilities().own_weights;
     let model = Arc::new(LoadedModel::load_with(
         &config.model,
         config.model_id.clone(),
         config.chat_template.as_deref(),
-        false,
+        vocab_only,
     )?);
     tracing::info!(
         path = %config.model.display(),
         size_bytes = model.info().size_bytes,
         ms = t0.elapsed().as_millis() as u64,
+        vocab_only,
         "model loaded"
     );
-    tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
-    Engine::start(model, plan, metrics, thermal)
+    if !vocab_only {
+        tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
+    }
+    Engine::start(model, selection.clone(), plan, metrics, thermal)
 }
 
 /// Pings systemd's watchdog while the decode loop keeps turning. A decode thread stuck for

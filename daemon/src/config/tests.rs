@@ -1,6 +1,7 @@
 //! Unit tests of the config layers, their precedence and the checks on the merged result.
 
 use super::*;
+use crate::engine::EnginePlan;
 use std::collections::HashMap;
 
 fn env(pairs: &[(&str, &str)]) -> ServeLayer {
@@ -515,7 +516,10 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
 #[test]
 fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
     let resolve = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
-        ServeConfig::resolve(file_layer, flags, env_layer).map(|c| c.prefix_slots)
+        ServeConfig::resolve(file_layer, flags, env_layer)
+            .map_err(|e| e.to_string())
+            .and_then(|c| EnginePlan::from_config(&c).map_err(|e| e.to_string()))
+            .map(|p| p.prefix_slots)
     };
     let none = ServeLayer::default;
     assert_eq!(resolve(None, none(), none()).ok(), Some(0));
@@ -534,7 +538,7 @@ fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
         ..none()
     };
     let err = resolve(None, too_many, none()).expect_err("4 slots + 253 > 256 sequences");
-    assert!(err.to_string().contains("prefix_slots"), "{err}");
+    assert!(err.contains("prefix_slots"), "{err}");
 }
 
 #[test]

@@ -4,10 +4,59 @@
 //! [`StepPlan`] per step, and gets back one [`SeqOutcome`] per sequence that asked for a
 //! token. The backend never calls into the scheduler, never sees a client, a queue or a
 //! clock, and owns nothing but its sequences' KV cells and samplers. llama.cpp on the CPU
-//! ([`super::llama`]) is one backend; the native CUDA backend is the next.
+//! ([`super::llama`]) and the native Q8_0 backend on the CPU or CUDA ([`super::native`]) are
+//! the two; what differs between them travels as [`Capabilities`], so nothing outside the
+//! engine asks which one serves.
+
+use serde::Serialize;
 
 use super::logprobs::TokenLogprobs;
 use super::SamplingParams;
+
+/// Where a backend computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+/// What a backend can do. Callers outside the engine ask these, never the backend's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// Sampling under a grammar: `response_format` schemas and forced tool calls.
+    pub constrained_decoding: bool,
+    /// Sequences can share one KV pool smaller than `slots × ctx` (`--kv-cells`).
+    pub shared_kv_pool: bool,
+    /// Log-probabilities of the sampled tokens and their alternatives.
+    pub logprobs: bool,
+    /// The backend maps the weights itself, so the tokenizer loads the vocabulary only.
+    pub own_weights: bool,
+    /// The devices it computes on.
+    pub devices: &'static [Device],
+}
+
+impl Capabilities {
+    /// Why `what` (a request part that needs a grammar) cannot be served by `backend`, or
+    /// `None` when it can. The one wording, for the HTTP error and the backend alike.
+    pub fn refuse_constraint(&self, backend: &str, what: &str) -> Option<String> {
+        (!self.constrained_decoding).then(|| {
+            format!(
+                "{what} needs constrained decoding, which the {backend} backend does not \
+                 have; serve with `--backend llama`"
+            )
+        })
+    }
+}
 
 /// A backend sequence id. The scheduler uses its slot index, so ids are `0..slots` and an id
 /// is reused only after [`Backend::free`].
@@ -157,6 +206,31 @@ pub trait Backend {
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
         let _ = (src, dst, len);
         Err(BackendError::Unsupported("prefix sharing"))
+    }
+}
+
+/// A boxed backend is a backend: [`super::open`] hands the scheduler one whatever it chose.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
+        (**self).open(seq, sampling)
+    }
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        (**self).step(plan)
+    }
+    fn close(&mut self, seq: SeqId) {
+        (**self).close(seq)
+    }
+    fn truncate(&mut self, seq: SeqId, len: u32) {
+        (**self).truncate(seq, len)
+    }
+    fn free(&mut self, seq: SeqId) {
+        (**self).free(seq)
+    }
+    fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        (**self).share_prefix(src, dst, len)
     }
 }
 

@@ -10,10 +10,21 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
-use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::backend::{
+    Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab, Work,
+};
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::plan::EnginePlan;
 use super::{EngineError, LoadedModel, SamplingParams};
+
+/// llama.cpp on the CPU: grammars through llguidance, a unified KV pool, its own weights.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    constrained_decoding: true,
+    shared_kv_pool: true,
+    logprobs: true,
+    own_weights: false,
+    devices: &[Device::Cpu],
+};
 
 pub struct LlamaCpp<'m> {
     model: &'m LoadedModel,

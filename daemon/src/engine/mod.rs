@@ -10,10 +10,12 @@ pub mod backend;
 pub mod constraint;
 #[cfg(test)]
 mod fake;
+pub mod footprint;
 mod llama;
 pub mod logprobs;
 pub mod model;
 pub mod native;
+mod open;
 pub mod plan;
 mod prefix;
 pub mod prompt;
@@ -33,8 +35,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+pub use backend::{Capabilities, Device};
 pub use model::{llama_system_info, LoadedModel, ModelInfo};
-pub use plan::EnginePlan;
+pub use open::open_native;
+pub use plan::{EnginePlan, PlanSpec};
+pub use select::Selection;
 
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
@@ -216,44 +221,47 @@ pub struct Engine {
     core: thread::Handle,
     model: Arc<LoadedModel>,
     plan: EnginePlan,
+    selection: Selection,
 }
 
 impl Engine {
-    /// Starts the scheduler on llama.cpp around an already loaded model. Returns once the
-    /// context exists, so a failure here is a start-up failure, not a request failure.
-    /// `thermal` lowers the admission cap while the board is hot and refuses new work when
-    /// critical.
+    /// Starts the scheduler on the backend `selection` names, around an already loaded
+    /// `model` (its weights, or only its vocabulary when the backend maps the weights
+    /// itself: [`Capabilities::own_weights`]). Returns once the backend exists, so a failure
+    /// here is a start-up failure, not a request failure. `thermal` lowers the admission cap
+    /// while the board is hot and refuses new work when critical.
     pub fn start(
         model: Arc<LoadedModel>,
+        selection: Selection,
         plan: EnginePlan,
         metrics: Arc<Metrics>,
         thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
         let thread_model = model.clone();
+        let thread_selection = selection.clone();
         let core = thread::spawn(plan, metrics, thermal, move |runner| {
             let model = thread_model;
-            match llama::LlamaCpp::new(&model, &plan) {
+            match open::open(&thread_selection, &plan, &model) {
                 Ok(backend) => runner.run(backend, &*model),
                 Err(e) => runner.fail(e),
             };
         })?;
-        Ok(Self { core, model, plan })
+        Ok(Self {
+            core,
+            model,
+            plan,
+            selection,
+        })
     }
 
-    /// Starts the scheduler on the native backend over `native` (its weights already loaded);
-    /// `model` (loaded vocabulary-only) tokenizes and renders templates.
-    pub fn start_native(
-        model: Arc<LoadedModel>,
-        native: native::Model<'static>,
-        plan: EnginePlan,
-        metrics: Arc<Metrics>,
-        thermal: ThermalGate,
-    ) -> Result<Self, EngineError> {
-        let vocab = model.clone();
-        let core = thread::spawn(plan, metrics, thermal, move |runner| {
-            runner.run(native::NativeBackend::new(native), &*vocab)
-        })?;
-        Ok(Self { core, model, plan })
+    /// What the serving backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.selection.capabilities()
+    }
+
+    /// The serving backend's name, for messages.
+    pub fn backend_name(&self) -> &'static str {
+        self.selection.name()
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{PrefixCache, ServeConfig};
+use crate::config::{ConfigError, PrefixCache, ServeConfig};
 use crate::metrics::text::TextWriter;
 
 /// Prompt tokens fed per step beside the running streams, and llama.cpp's widest
@@ -42,24 +42,107 @@ pub struct EnginePlan {
     pub queue_timeout: Duration,
 }
 
-impl EnginePlan {
-    pub fn from_config(config: &ServeConfig) -> Self {
-        let full = u64::from(config.ctx) * config.slots as u64;
-        let n_batch = STEP_TOKENS + config.slots as u32;
+/// What a plan is derived from: the settings as given, before any default that depends on
+/// the others (the pool size, the prefix slots) is filled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanSpec {
+    pub slots: usize,
+    pub queue: usize,
+    pub ctx: u32,
+    /// `None`: `slots × ctx`, a stream per slot.
+    pub kv_cells: Option<u32>,
+    pub threads: i32,
+    pub prefix_cache: PrefixCache,
+    /// `None`: twice the slots in a shared pool (where they cost no memory), else none.
+    pub prefix_slots: Option<usize>,
+    pub queue_timeout: Duration,
+}
+
+impl PlanSpec {
+    /// A spec with the serve defaults around `slots` and `ctx` (tests vary the rest).
+    pub fn new(slots: usize, ctx: u32) -> Self {
         Self {
+            slots,
+            queue: 16,
+            ctx,
+            kv_cells: None,
+            threads: 1,
+            prefix_cache: PrefixCache::On,
+            prefix_slots: None,
+            queue_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// llama.cpp's `LLAMA_MAX_SEQ`: the slots and prefix slots together.
+const MAX_SEQUENCES: usize = 256;
+
+impl EnginePlan {
+    /// The plan of a validated config.
+    pub fn from_config(config: &ServeConfig) -> Result<Self, ConfigError> {
+        Self::new(PlanSpec {
             slots: config.slots,
             queue: config.queue,
             ctx: config.ctx,
             kv_cells: config.kv_cells,
-            shared_kv: u64::from(config.kv_cells) < full,
-            prefill_chunk: STEP_TOKENS,
-            n_batch,
-            n_ubatch: n_batch.min(STEP_TOKENS),
             threads: config.threads,
             prefix_cache: config.prefix_cache,
             prefix_slots: config.prefix_slots,
             queue_timeout: config.queue_timeout,
+        })
+    }
+
+    /// The one place cells, sequences and sharing are derived; the errors name the setting.
+    pub fn new(spec: PlanSpec) -> Result<Self, ConfigError> {
+        let invalid = |field, message: String| ConfigError::Invalid { field, message };
+        let full = full_cells(spec.slots, spec.ctx).min(u64::from(u32::MAX)) as u32;
+        let kv_cells = spec.kv_cells.unwrap_or(full);
+        if kv_cells < spec.ctx || kv_cells > full {
+            return Err(invalid(
+                "kv_cells",
+                format!(
+                    "must be between ctx ({}) and slots x ctx ({full})",
+                    spec.ctx
+                ),
+            ));
         }
+        let shared_kv = kv_cells < full;
+        let prefix_slots = match (spec.prefix_cache.enabled(), spec.prefix_slots) {
+            (false, _) => 0,
+            (true, Some(n)) => n,
+            // They cost no memory in a shared pool: keep twice as many prompts as run.
+            (true, None) if shared_kv => 2 * spec.slots,
+            (true, None) => 0,
+        };
+        if spec.slots + prefix_slots > MAX_SEQUENCES {
+            return Err(invalid(
+                "prefix_slots",
+                format!(
+                    "must be at most {} ({MAX_SEQUENCES} sequences with the slots)",
+                    MAX_SEQUENCES.saturating_sub(spec.slots)
+                ),
+            ));
+        }
+        let n_batch = STEP_TOKENS + spec.slots as u32;
+        Ok(Self {
+            slots: spec.slots,
+            queue: spec.queue,
+            ctx: spec.ctx,
+            kv_cells,
+            shared_kv,
+            prefill_chunk: STEP_TOKENS,
+            n_batch,
+            n_ubatch: n_batch.min(STEP_TOKENS),
+            threads: spec.threads,
+            prefix_cache: spec.prefix_cache,
+            prefix_slots,
+            queue_timeout: spec.queue_timeout,
+        })
+    }
+
+    /// Cells for a whole context per slot: `slots × ctx`.
+    pub fn full_cells(&self) -> u64 {
+        full_cells(self.slots, self.ctx)
     }
 
     /// The plan's series in `/metrics`, beside the live load they bound.
@@ -101,20 +184,21 @@ impl EnginePlan {
     }
 }
 
+fn full_cells(slots: usize, ctx: u32) -> u64 {
+    slots as u64 * u64::from(ctx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::ServeLayer;
 
     fn plan(slots: usize, ctx: u32, kv_cells: Option<u32>) -> EnginePlan {
-        let flags = ServeLayer {
-            slots: Some(slots),
-            ctx: Some(ctx),
+        EnginePlan::new(PlanSpec {
             kv_cells,
-            ..ServeLayer::default()
-        };
-        let config = ServeConfig::resolve(None, flags, ServeLayer::default()).expect("valid");
-        EnginePlan::from_config(&config)
+            ..PlanSpec::new(slots, ctx)
+        })
+        .expect("valid")
     }
 
     #[test]
@@ -136,16 +220,42 @@ mod tests {
         );
         let p = plan(4, 2048, None);
         assert_eq!((p.prefix_slots, p.sequences()), (0, 4));
+        let p = EnginePlan::new(PlanSpec {
+            prefix_slots: Some(3),
+            ..PlanSpec::new(2, 1024)
+        })
+        .expect("valid");
+        assert_eq!((p.sequences(), p.context_cells()), (5, 5 * 1024));
+    }
+
+    #[test]
+    fn a_config_becomes_its_plan_and_bad_geometry_names_the_setting() {
         let flags = ServeLayer {
             slots: Some(2),
             ctx: Some(1024),
-            prefix_slots: Some(3),
+            kv_cells: Some(1536),
             ..ServeLayer::default()
         };
-        let p = EnginePlan::from_config(
-            &ServeConfig::resolve(None, flags, ServeLayer::default()).expect("valid"),
-        );
-        assert_eq!((p.sequences(), p.context_cells()), (5, 5 * 1024));
+        let config = ServeConfig::resolve(None, flags, ServeLayer::default()).expect("valid");
+        let p = EnginePlan::from_config(&config).expect("valid");
+        assert_eq!((p.kv_cells, p.shared_kv, p.prefix_slots), (1536, true, 4));
+        for (kv_cells, ok) in [(512, false), (1024, true), (2048, true), (2049, false)] {
+            let r = EnginePlan::new(PlanSpec {
+                kv_cells: Some(kv_cells),
+                ..PlanSpec::new(2, 1024)
+            });
+            assert_eq!(r.is_ok(), ok, "{kv_cells}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("kv_cells"), "{e}");
+            }
+        }
+        let err = EnginePlan::new(PlanSpec {
+            prefix_slots: Some(253),
+            ..PlanSpec::new(4, 1024)
+        })
+        .expect_err("257 sequences");
+        assert!(err.to_string().contains("prefix_slots"), "{err}");
+        assert!(err.to_string().contains("at most 252"), "{err}");
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! Which backend serves, on which device: `--backend` and `--device` resolved once at boot
-//! against the machine (a CUDA GPU or not) and the weights (Q8_0 or not). The ledger, the
-//! engine start, `/v1/status` and `/metrics` all read the one [`Selection`].
+//! against the machine (a CUDA GPU or not), the weights (Q8_0 or not) and the plan (a shared
+//! KV pool or not). The ledger, the engine start, `/v1/status` and `/metrics` all read the
+//! one [`Selection`], and ask it for capabilities, never for its kind.
 
 use std::path::Path;
 
 use serde::Serialize;
 
+pub use super::backend::{Capabilities, Device};
+use super::footprint::{self, Footprint};
+use super::plan::EnginePlan;
 use crate::config::{BackendChoice, DeviceChoice};
 use crate::metrics::text::TextWriter;
+use inferloop_gguf::ModelShape;
 
 /// The engine that computes tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -27,23 +32,6 @@ impl BackendKind {
     }
 }
 
-/// Where it computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
-impl Device {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Cuda => "cuda",
-        }
-    }
-}
-
 /// The resolved choice and why it was made (logged at start).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Selection {
@@ -55,6 +43,61 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// What the chosen backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        match self.backend {
+            BackendKind::LlamaCpp => super::llama::CAPABILITIES,
+            BackendKind::Native => super::native::backend::CAPABILITIES,
+        }
+    }
+
+    /// The backend's name for logs, errors and `/v1/status`.
+    pub fn name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Refuses a plan the backend cannot allocate: a KV pool smaller than `slots × ctx`
+    /// without a shared pool would be admitted by cells that do not exist.
+    pub fn check_plan(&self, plan: &EnginePlan) -> Result<(), SelectError> {
+        if plan.shared_kv && !self.capabilities().shared_kv_pool {
+            return Err(SelectError::NoSharedPool {
+                backend: self.name(),
+                cells: plan.kv_cells,
+                full: plan.full_cells(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The memory the backend will need for `plan` on this model, term by term (the ledger
+    /// adds its margin and decides).
+    pub fn footprint(&self, shape: &ModelShape, plan: &EnginePlan) -> Footprint {
+        match self.backend {
+            BackendKind::LlamaCpp => footprint::llama_cpp(shape, plan),
+            BackendKind::Native => footprint::native(shape, plan, self.device),
+        }
+    }
+
+    /// What `/v1/status` shows of the backend's build, one entry per backend (null for those
+    /// not serving): llama.cpp's system info, the native device and CPU instruction set.
+    pub fn status_details(&self) -> [(&'static str, serde_json::Value); 2] {
+        let (llama, native) = match self.backend {
+            BackendKind::LlamaCpp => (
+                serde_json::json!({ "system_info": super::llama_system_info() }),
+                serde_json::Value::Null,
+            ),
+            BackendKind::Native => (
+                serde_json::Value::Null,
+                serde_json::json!({
+                    "device": self.device,
+                    "cpu_isa": format!("{:?}", inferloop_kernels::cpu::simd::Isa::detect())
+                        .to_lowercase(),
+                }),
+            ),
+        };
+        [("llama", llama), ("native", native)]
+    }
+
     /// `inferloop_backend_info{backend="…",device="…"} 1`.
     pub fn render_metrics(&self, w: &mut TextWriter) {
         w.gauge_family(
@@ -86,10 +129,14 @@ pub enum SelectError {
     #[error("--device cuda: no CUDA GPU found ({0})")]
     NoGpu(String),
     #[error(
-        "--kv-cells {cells} is below slots x ctx ({full}): the native backend keeps a KV \
+        "--kv-cells {cells} is below slots x ctx ({full}): the {backend} backend keeps a KV \
          stream per sequence and has no shared pool yet; drop --kv-cells or use --backend llama"
     )]
-    NativeSharedPool { cells: u32, full: u64 },
+    NoSharedPool {
+        backend: &'static str,
+        cells: u32,
+        full: u64,
+    },
 }
 
 /// Resolves the choice. `gpu` finds a CUDA GPU (its name, or why none); `not_q8_0` names a

@@ -22,7 +22,6 @@ use super::wire::{
 use super::AppState;
 use crate::engine::constraint::{Constraint, Grammar};
 use crate::engine::prompt::{Limit, PromptError};
-use crate::engine::select::BackendKind;
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::{Format, ToolUse};
 use crate::validate::{self, Input, ValidRequest};
@@ -108,19 +107,19 @@ async fn start(
     if let Some(lark) = req.tools.as_ref().and_then(|t| t.grammar(tool_format)) {
         req.grammar = Some(Grammar::Lark(lark));
     }
-    if req.grammar.is_some() && state.boot.selection.backend == BackendKind::Native {
+    if req.grammar.is_some() {
         let param = if req.tools.is_some() {
             "tool_choice"
         } else {
             "response_format"
         };
-        return Err(ApiError::invalid(
-            param,
-            format!(
-                "`{param}` needs constrained decoding, which the native backend does not \
-                 have; serve with `--backend llama`"
-            ),
-        ));
+        let what = format!("`{param}`");
+        if let Some(why) = engine
+            .capabilities()
+            .refuse_constraint(engine.backend_name(), &what)
+        {
+            return Err(ApiError::invalid(param, why));
+        }
     }
     if let Some(grammar) = req.grammar.take() {
         req.sampling.constraint = Some(compile(&engine, grammar, req.tools.is_some()).await?);

@@ -8,8 +8,6 @@ use axum::Json;
 use inferloop_thermal::{Reading, ThermalState};
 use serde_json::json;
 
-use crate::engine::select::BackendKind;
-
 use super::error::ApiError;
 use super::wire::{ModelCard, ModelList};
 use super::AppState;
@@ -99,14 +97,12 @@ pub async fn status(State(state): State<AppState>) -> Response {
     let celsius = latest
         .as_ref()
         .and_then(|r| watch.driving_celsius(&r.snapshot));
-    Json(json!({
+    let mut status = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "ready": engine.is_some(),
         "uptime_s": state.started.elapsed().as_secs_f64(),
         "model": model,
         "backend": &state.boot.selection,
-        "llama": llama_details(&state.boot.selection),
-        "native": native_details(&state.boot.selection),
         "slots": {
             "total": plan.slots,
             "active": load.active,
@@ -158,8 +154,14 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "prompt_tokens_total": state.metrics.prompt_tokens_total.get(),
             "cancelled_total": state.metrics.cancelled_total.get(),
         },
-    }))
-    .into_response()
+    });
+    // The backend's own details, keyed by backend (null for those not serving).
+    if let Some(map) = status.as_object_mut() {
+        for (key, details) in state.boot.selection.status_details() {
+            map.insert(key.into(), details);
+        }
+    }
+    Json(status).into_response()
 }
 
 /// The kept thermal readings, oldest first (`GET /v1/thermal`).
@@ -176,26 +178,6 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
         "history": readings,
     }))
     .into_response()
-}
-
-/// llama.cpp's build features when it serves, else null.
-fn llama_details(selection: &crate::engine::select::Selection) -> serde_json::Value {
-    match selection.backend {
-        BackendKind::LlamaCpp => json!({ "system_info": crate::engine::llama_system_info() }),
-        BackendKind::Native => serde_json::Value::Null,
-    }
-}
-
-/// The native backend's device and the vector instructions its CPU kernels use when it
-/// serves, else null.
-fn native_details(selection: &crate::engine::select::Selection) -> serde_json::Value {
-    match selection.backend {
-        BackendKind::Native => json!({
-            "device": selection.device,
-            "cpu_isa": format!("{:?}", inferloop_kernels::cpu::simd::Isa::detect()).to_lowercase(),
-        }),
-        BackendKind::LlamaCpp => serde_json::Value::Null,
-    }
 }
 
 /// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.

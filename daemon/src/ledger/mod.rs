@@ -1,6 +1,7 @@
-//! The memory ledger: what the configured daemon will need, term by term, computed from the
-//! GGUF header and the settings before anything large is allocated, and the decision against
-//! the tightest limit that applies.
+//! The memory ledger: what the configured daemon will need, term by term (the serving
+//! backend's [`Footprint`] for the engine plan, computed from the GGUF header before anything
+//! large is allocated, plus a margin), and the decision against the tightest limit that
+//! applies.
 
 pub mod limits;
 
@@ -12,67 +13,24 @@ use serde::Serialize;
 pub use inferloop_gguf::{read_shape, GgufError, ModelShape};
 pub use limits::{read_limits, Limit, LimitSource};
 
-use crate::engine::native::forward::UBATCH;
-use crate::engine::select::{BackendKind, Device};
+pub use crate::engine::footprint::{Footprint, Term};
+use crate::engine::select::{Device, Selection};
+use crate::engine::EnginePlan;
 use crate::metrics::TextWriter;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Process memory that is not weights, KV or compute: binary, allocator, async runtime,
-/// llama.cpp's tokenizer tables. Measured with `bench/memory.py` on the default model.
-const OVERHEAD_BASE: u64 = 30 << 20;
-const OVERHEAD_PER_VOCAB_TOKEN: u64 = 160;
-/// Each slot's sampler chain keeps a candidate array over the vocabulary (`llama_token_data`,
-/// 12 B) plus its working copy: measured as ~0.8 MiB per slot on a 49,152-token vocabulary.
-const OVERHEAD_PER_SLOT_VOCAB_TOKEN: u64 = 16;
-/// KV cache element size (llama.cpp's default f16 K and V).
-const KV_ELEM_BYTES: u64 = 2;
-/// llama.cpp rounds each sequence's context up to this many cells.
-const KV_PAD: u64 = 256;
-
-/// Settings the ledger depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Plan {
-    pub slots: u64,
-    /// Context of each slot.
-    pub ctx: u64,
-    /// KV cells for all slots together (`slots × ctx` unless oversubscribed).
-    pub kv_cells: u64,
-    /// One pool of `kv_cells` shared by the slots, rather than `ctx` cells per slot.
-    pub shared_kv: bool,
-    /// Sequences that only retain prompt prefixes: `ctx` cells more each without a shared
-    /// pool, nothing with one (they hold cells of the pool).
-    pub prefix_slots: u64,
-    /// llama.cpp micro-batch: the widest prefill step.
-    pub n_ubatch: u64,
-    /// Explicit margin; `None` = 5% of the rest, at least 16 MiB.
-    pub margin_bytes: Option<u64>,
-    /// The engine the terms are for: llama.cpp's buffers and the native forward's differ.
-    pub backend: BackendKind,
-    /// Where the native forward keeps weights and KV: on CUDA they are copied to GPU
-    /// memory, which on a Jetson is the same DRAM, so the same bytes count.
-    pub device: Device,
-}
-
-/// One named line of the ledger.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Term {
-    pub name: &'static str,
-    pub bytes: u64,
-    pub detail: String,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Ledger {
     pub terms: Vec<Term>,
-    /// What llama.cpp reserves for its compute graph (its "CPU compute buffer size"); the
-    /// `compute` term is the part the daemon's worst case touches.
+    /// What the backend reserves for its compute graph (llama.cpp's "CPU compute buffer
+    /// size"); the `compute` term is the part the daemon's worst case touches.
     pub compute_reserved_bytes: u64,
 }
 
 /// The safety margin over `subtotal`: configured, else 5% of it, at least 16 MiB.
-fn margin_term(plan: &Plan, subtotal: u64) -> Term {
-    match plan.margin_bytes {
+fn margin_term(margin_bytes: Option<u64>, subtotal: u64) -> Term {
+    match margin_bytes {
         Some(bytes) => Term {
             name: "margin",
             bytes,
@@ -87,148 +45,18 @@ fn margin_term(plan: &Plan, subtotal: u64) -> Term {
 }
 
 impl Ledger {
-    pub fn compute(shape: &ModelShape, plan: &Plan) -> Self {
-        if plan.backend == BackendKind::Native {
-            return Self::native(shape, plan);
-        }
-        let u = plan.n_ubatch;
-        let per_slot = plan.ctx.div_ceil(KV_PAD) * KV_PAD;
-        let cells = if plan.shared_kv {
-            plan.kv_cells.div_ceil(KV_PAD) * KV_PAD
-        } else {
-            per_slot * (plan.slots + plan.prefix_slots)
-        };
-        let per_cell =
-            shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
-        let kv = cells * per_cell;
-        let ctx_seq = per_slot.min(cells);
-        // One micro-batch's graph: FFN gate/up (f32) and the residual, and the f16 attention
-        // mask over the sequence's context. llama.cpp reserves its compute buffer for that
-        // graph plus logits for every token of the micro-batch (n_ubatch × n_vocab).
-        let activations = 4 * u * (2 * shape.n_ff + shape.n_embd) + 2 * u * ctx_seq;
-        let logits = 4 * shape.n_vocab * plan.slots;
-        let compute_reserved = 4 * u * shape.n_vocab + activations + logits;
-        // What the worst case (every slot full, full prefill micro-batches next to decode
-        // steps) touches. inferloopd never asks for prompt logits, so at most one logits row
-        // per slot is written, in the graph and in llama.cpp's output buffer. But the graph
-        // allocator lays out a prefill step and a decode step differently (it re-plans when
-        // the graph changes), and the freed FFN tensors of the reserved layout sit where its
-        // logits go: a full micro-batch's activations land at two sets of offsets, and pages
-        // once touched stay resident. Charging one layout undercounted the measured peak by
-        // 5.7 MiB at 4 slots × 2048 (issue 10); two layouts bound the 11–19 MiB measured
-        // from 1 × 512 to 1 × 8192 with 24–38% to spare, and never exceed the reservation.
-        let compute = (2 * activations + 2 * logits).min(compute_reserved);
-        let overhead = OVERHEAD_BASE
-            + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab
-            + OVERHEAD_PER_SLOT_VOCAB_TOKEN * shape.n_vocab * plan.slots;
-        let weights = shape.tensor_bytes;
-        let subtotal = weights + kv + compute + overhead;
+    /// A backend's footprint and the margin over it (`margin_bytes`; `None` = 5%, at least
+    /// 16 MiB).
+    pub fn new(footprint: Footprint, margin_bytes: Option<u64>) -> Self {
+        let Footprint {
+            mut terms,
+            compute_reserved_bytes,
+        } = footprint;
+        let subtotal = terms.iter().map(|t| t.bytes).sum();
+        terms.push(margin_term(margin_bytes, subtotal));
         Self {
-            terms: vec![
-                Term {
-                    name: "weights",
-                    bytes: weights,
-                    detail: format!(
-                        "{} tensor bytes, mapped once for all slots",
-                        shape.architecture
-                    ),
-                },
-                Term {
-                    name: "kv",
-                    bytes: kv,
-                    detail: format!(
-                        "{cells} cells x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
-                        shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
-                    ),
-                },
-                Term {
-                    name: "compute",
-                    bytes: compute,
-                    detail: format!(
-                        "micro-batch {u} activations in two layouts + logits for {} slots (llama.cpp reserves {:.1} MiB)",
-                        plan.slots,
-                        compute_reserved as f64 / MIB
-                    ),
-                },
-                Term {
-                    name: "overhead",
-                    bytes: overhead,
-                    detail: format!(
-                        "runtime, allocator, tokenizer tables, samplers for {} slots (measured)",
-                        plan.slots
-                    ),
-                },
-                margin_term(plan, subtotal),
-            ],
-            compute_reserved_bytes: compute_reserved,
-        }
-    }
-
-    /// The native backend: the mapped weights, an f16 KV cache of `ctx` positions for every
-    /// sequence (no padding, no shared pool), the forward's fixed scratch, and the same
-    /// process overhead (llama.cpp still holds the tokenizer tables).
-    fn native(shape: &ModelShape, plan: &Plan) -> Self {
-        let sequences = plan.slots + plan.prefix_slots;
-        let kv_dim2 = shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v);
-        let kv = shape.n_layer * sequences * plan.ctx * kv_dim2 * KV_ELEM_BYTES;
-        let u = UBATCH as u64;
-        let q_dim = shape.n_head * shape.head_dim_k;
-        // Per pass row: the residual and its normalized copy, the attention output's
-        // projection, Q and the attention result, K and V, and the FFN gate, up and product.
-        let rows = 4 * u * (3 * shape.n_embd + 2 * q_dim + kv_dim2 + 3 * shape.n_ff);
-        // Attention scores for one head over the context, per token of a pass.
-        let attention = 4 * u * shape.n_head * plan.ctx.min(256);
-        // A logits row per sampling sequence, and each sampler's copies of it.
-        let logits = 4 * shape.n_vocab * sequences;
-        let samplers = 12 * shape.n_vocab * plan.slots;
-        // On CUDA the pass's activations live on the GPU too, with a logits row per pass
-        // token to copy back from.
-        let gpu = match plan.device {
-            Device::Cpu => 0,
-            Device::Cuda => rows + 4 * u * shape.n_vocab,
-        };
-        let scratch = rows + attention + logits + samplers + gpu;
-        let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
-        let weights = shape.tensor_bytes;
-        let (weights_where, kv_where) = match plan.device {
-            Device::Cpu => ("mapped once by the native backend", ""),
-            Device::Cuda => (
-                "copied once to GPU memory (on a Jetson the same DRAM; the file's mapped pages \
-                 are cache the kernel can drop)",
-                ", in GPU memory",
-            ),
-        };
-        let subtotal = weights + kv + scratch + overhead;
-        Self {
-            terms: vec![
-                Term {
-                    name: "weights",
-                    bytes: weights,
-                    detail: format!("{} tensor bytes, {weights_where}", shape.architecture),
-                },
-                Term {
-                    name: "kv",
-                    bytes: kv,
-                    detail: format!(
-                        "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B{kv_where}",
-                        plan.ctx, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
-                    ),
-                },
-                Term {
-                    name: "scratch",
-                    bytes: scratch,
-                    detail: format!(
-                        "native forward: {u}-token passes, attention, logits and samplers for {sequences} sequences"
-                    ),
-                },
-                Term {
-                    name: "overhead",
-                    bytes: overhead,
-                    detail: "runtime, allocator, tokenizer tables".into(),
-                },
-                margin_term(plan, subtotal),
-            ],
-            compute_reserved_bytes: scratch,
+            terms,
+            compute_reserved_bytes,
         }
     }
 
@@ -264,12 +92,37 @@ pub struct Decision {
     pub limits: Vec<Limit>,
     pub ledger: Ledger,
     pub shape: ModelShape,
-    pub plan: Plan,
+    /// The engine plan the ledger is for, with the backend and the margin.
+    pub plan: SizedPlan,
+}
+
+/// The plan as the decision reports it: the engine plan, the backend and device it was
+/// sized for, and the margin asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct SizedPlan {
+    #[serde(flatten)]
+    pub engine: EnginePlan,
+    pub backend: &'static str,
+    pub device: Device,
+    pub margin_bytes: Option<u64>,
 }
 
 impl Decision {
-    pub fn new(shape: ModelShape, plan: Plan, limits: Vec<Limit>) -> Self {
-        let ledger = Ledger::compute(&shape, &plan);
+    /// The ledger of `selection`'s backend for `plan` on this model, against `limits`.
+    pub fn new(
+        shape: ModelShape,
+        plan: &EnginePlan,
+        selection: &Selection,
+        margin_bytes: Option<u64>,
+        limits: Vec<Limit>,
+    ) -> Self {
+        let ledger = Ledger::new(selection.footprint(&shape, plan), margin_bytes);
+        let plan = SizedPlan {
+            engine: *plan,
+            backend: selection.name(),
+            device: selection.device,
+            margin_bytes,
+        };
         let required = ledger.total();
         let limit = limits.iter().min_by_key(|l| l.bytes).cloned();
         Self {
@@ -320,9 +173,9 @@ impl Decision {
             self.shape.n_layer,
             self.shape.n_head_kv,
             self.shape.n_vocab,
-            self.plan.slots,
-            self.plan.ctx,
-            self.plan.kv_cells
+            self.plan.engine.slots,
+            self.plan.engine.ctx,
+            self.plan.engine.kv_cells
         );
         let _ = writeln!(s, "{:<10} {:>10}  detail", "term", "MiB");
         for t in &self.ledger.terms {
@@ -388,6 +241,8 @@ fn status_kb(key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::plan::PlanSpec;
+    use crate::engine::select::BackendKind;
 
     /// SmolLM2-135M as its GGUF header describes it.
     fn smollm2() -> ModelShape {
@@ -407,54 +262,74 @@ mod tests {
         }
     }
 
-    fn plan(slots: u64, ctx: u64) -> Plan {
-        Plan {
-            slots,
-            ctx,
-            kv_cells: slots * ctx,
-            shared_kv: false,
-            prefix_slots: 0,
-            n_ubatch: 512,
-            margin_bytes: None,
+    fn spec(slots: usize, ctx: u32) -> PlanSpec {
+        PlanSpec {
+            prefix_slots: Some(0),
+            ..PlanSpec::new(slots, ctx)
+        }
+    }
+
+    fn plan(slots: usize, ctx: u32) -> EnginePlan {
+        EnginePlan::new(spec(slots, ctx)).expect("valid plan")
+    }
+
+    fn llama() -> Selection {
+        Selection {
             backend: BackendKind::LlamaCpp,
             device: Device::Cpu,
+            why: String::new(),
         }
+    }
+
+    fn native(device: Device) -> Selection {
+        Selection {
+            backend: BackendKind::Native,
+            device,
+            why: String::new(),
+        }
+    }
+
+    /// The ledger of `selection` for `plan` with the default margin.
+    fn ledger_of(selection: &Selection, plan: &EnginePlan) -> Ledger {
+        Ledger::new(selection.footprint(&smollm2(), plan), None)
+    }
+
+    fn compute(plan: &EnginePlan) -> Ledger {
+        ledger_of(&llama(), plan)
     }
 
     #[test]
     fn kv_term_matches_llama_cpp_for_the_default_model() {
         // llama.cpp reports "KV buffer size = 45.00 MiB" at n_ctx 2048 and 180 MiB at 8192.
-        assert_eq!(
-            Ledger::compute(&smollm2(), &plan(1, 2048)).term("kv"),
-            45 << 20
-        );
-        assert_eq!(
-            Ledger::compute(&smollm2(), &plan(4, 2048)).term("kv"),
-            180 << 20
-        );
-        assert_eq!(
-            Ledger::compute(&smollm2(), &plan(1, 8192)).term("kv"),
-            180 << 20
-        );
+        assert_eq!(compute(&plan(1, 2048)).term("kv"), 45 << 20);
+        assert_eq!(compute(&plan(4, 2048)).term("kv"), 180 << 20);
+        assert_eq!(compute(&plan(1, 8192)).term("kv"), 180 << 20);
     }
 
     #[test]
     fn weights_are_counted_once_however_many_slots() {
-        let one = Ledger::compute(&smollm2(), &plan(1, 1024));
-        let eight = Ledger::compute(&smollm2(), &plan(8, 1024));
+        let one = compute(&plan(1, 1024));
+        let eight = compute(&plan(8, 1024));
         assert_eq!(one.term("weights"), eight.term("weights"));
         assert_eq!(eight.term("kv"), 8 * one.term("kv"));
     }
 
     #[test]
     fn oversubscribed_kv_is_sized_by_its_cells() {
-        let mut p = plan(4, 2048);
-        p.kv_cells = 2048;
-        p.shared_kv = true;
-        assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 45 << 20);
-        p.prefix_slots = 4;
+        let pooled = |prefix_slots| {
+            EnginePlan::new(PlanSpec {
+                kv_cells: Some(2048),
+                prefix_slots: Some(prefix_slots),
+                ..spec(4, 2048)
+            })
+            .expect("valid plan")
+        };
+        let p = pooled(0);
+        assert!(p.shared_kv);
+        assert_eq!(compute(&p).term("kv"), 45 << 20);
+        let p = pooled(4);
         assert_eq!(
-            Ledger::compute(&smollm2(), &p).term("kv"),
+            compute(&p).term("kv"),
             45 << 20,
             "prefix slots hold cells of the pool"
         );
@@ -462,9 +337,12 @@ mod tests {
 
     #[test]
     fn each_prefix_slot_is_a_stream_more_without_a_shared_pool() {
-        let mut p = plan(4, 2048);
-        p.prefix_slots = 2;
-        assert_eq!(Ledger::compute(&smollm2(), &p).term("kv"), 6 * (45 << 20));
+        let p = EnginePlan::new(PlanSpec {
+            prefix_slots: Some(2),
+            ..spec(4, 2048)
+        })
+        .expect("valid plan");
+        assert_eq!(compute(&p).term("kv"), 6 * (45 << 20));
     }
 
     #[test]
@@ -479,7 +357,7 @@ mod tests {
             (4, 2048, 104.77),
             (1, 8192, 109.64),
         ] {
-            let l = Ledger::compute(&smollm2(), &plan(slots, ctx));
+            let l = compute(&plan(slots, ctx));
             let mib = l.compute_reserved_bytes as f64 / MIB;
             assert!(
                 (mib - reported).abs() / reported < 0.03,
@@ -492,7 +370,7 @@ mod tests {
     /// holding a prompt that nearly fills its context, prefilled in 512-token micro-batches
     /// next to the other slots' decode steps. `touched`: anonymous pages that appeared in
     /// llama.cpp's compute buffer during the run (from /proc/PID/pagemap); `peak`: VmHWM.
-    const MEASURED: [(u64, u64, f64, f64); 5] = [
+    const MEASURED: [(usize, u32, f64, f64); 5] = [
         (1, 512, 11.4, 148.5),
         (4, 1024, 13.4, 234.1),
         (2, 2048, 14.2, 232.9),
@@ -503,7 +381,7 @@ mod tests {
     #[test]
     fn compute_term_bounds_what_the_worst_case_touches_within_the_reservation() {
         for (slots, ctx, touched, _) in MEASURED {
-            let l = Ledger::compute(&smollm2(), &plan(slots, ctx));
+            let l = compute(&plan(slots, ctx));
             let mib = l.term("compute") as f64 / MIB;
             assert!(
                 touched <= mib,
@@ -520,7 +398,7 @@ mod tests {
     #[test]
     fn expected_peak_without_the_margin_bounds_the_measured_worst_case() {
         for (slots, ctx, _, peak) in MEASURED {
-            let l = Ledger::compute(&smollm2(), &plan(slots, ctx));
+            let l = compute(&plan(slots, ctx));
             let expected = l.expected_peak() as f64 / MIB;
             let ratio = peak / expected;
             assert!(
@@ -532,7 +410,7 @@ mod tests {
 
     #[test]
     fn margin_defaults_to_five_percent() {
-        let l = Ledger::compute(&smollm2(), &plan(4, 2048));
+        let l = compute(&plan(4, 2048));
         let rest = l.expected_peak();
         assert_eq!(l.term("margin"), (rest / 20).max(16 << 20));
         assert_eq!(l.total(), rest + l.term("margin"));
@@ -550,7 +428,9 @@ mod tests {
     fn tightest_limit_decides_and_is_named() {
         let d = Decision::new(
             smollm2(),
-            plan(4, 2048),
+            &plan(4, 2048),
+            &llama(),
+            None,
             vec![
                 limit(LimitSource::MemAvailable, 20_000),
                 limit(LimitSource::CgroupV1, 200),
@@ -576,7 +456,7 @@ mod tests {
 
     #[test]
     fn no_limit_fits() {
-        let d = Decision::new(smollm2(), plan(1, 1024), vec![]);
+        let d = Decision::new(smollm2(), &plan(1, 1024), &llama(), None, vec![]);
         assert!(d.fits);
         assert!(d.accounting().starts_with("reason=no-limit"));
     }
@@ -585,7 +465,9 @@ mod tests {
     fn metrics_name_every_term_and_limit() {
         let d = Decision::new(
             smollm2(),
-            plan(1, 1024),
+            &plan(1, 1024),
+            &llama(),
+            None,
             vec![limit(LimitSource::CgroupV2, 4096)],
         );
         let mut w = TextWriter::new();
@@ -605,11 +487,7 @@ mod tests {
 
     #[test]
     fn native_terms_are_weights_kv_per_sequence_scratch_and_overhead() {
-        let native = |slots, ctx| Plan {
-            backend: BackendKind::Native,
-            ..plan(slots, ctx)
-        };
-        let l = Ledger::compute(&smollm2(), &native(2, 1000));
+        let l = ledger_of(&native(Device::Cpu), &plan(2, 1000));
         let names: Vec<&str> = l.terms.iter().map(|t| t.name).collect();
         assert_eq!(names, ["weights", "kv", "scratch", "overhead", "margin"]);
         assert_eq!(l.term("weights"), 96_576_768);
@@ -620,7 +498,9 @@ mod tests {
         // A limit below the total refuses with the accounting line naming the native terms.
         let d = Decision::new(
             smollm2(),
-            native(2, 1000),
+            &plan(2, 1000),
+            &native(Device::Cpu),
+            None,
             vec![limit(LimitSource::CgroupV2, 100)],
         );
         assert!(!d.fits);
@@ -629,14 +509,9 @@ mod tests {
 
     #[test]
     fn native_on_cuda_counts_the_gpu_copies_in_the_same_memory() {
-        let on = |device| Plan {
-            backend: BackendKind::Native,
-            device,
-            ..plan(2, 1000)
-        };
         let (cpu, gpu) = (
-            Ledger::compute(&smollm2(), &on(Device::Cpu)),
-            Ledger::compute(&smollm2(), &on(Device::Cuda)),
+            ledger_of(&native(Device::Cpu), &plan(2, 1000)),
+            ledger_of(&native(Device::Cuda), &plan(2, 1000)),
         );
         assert_eq!(gpu.term("weights"), cpu.term("weights"));
         assert_eq!(gpu.term("kv"), cpu.term("kv"));

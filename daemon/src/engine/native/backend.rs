@@ -3,8 +3,20 @@
 
 use super::forward::{BatchToken, Model};
 use super::sampling::Sampler;
-use crate::engine::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Work};
+use crate::engine::backend::{
+    Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
+};
 use crate::engine::SamplingParams;
+
+/// Per-sequence KV streams and Rust samplers: no grammar, no shared pool; the CPU twins or
+/// the CUDA kernels.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    constrained_decoding: false,
+    shared_kv_pool: false,
+    logprobs: true,
+    own_weights: true,
+    devices: &[Device::Cpu, Device::Cuda],
+};
 
 pub struct NativeBackend<'m> {
     model: Model<'m>,
@@ -77,11 +89,12 @@ impl Backend for NativeBackend<'_> {
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
         if sampling.constraint.is_some() {
-            return Err(BackendError::Sequence(
-                "constrained output (response_format, a forced tool call) needs the llama.cpp \
-                 backend"
-                    .into(),
-            ));
+            if let Some(why) = CAPABILITIES.refuse_constraint(
+                "native",
+                "constrained output (response_format, a forced tool call)",
+            ) {
+                return Err(BackendError::Sequence(why));
+            }
         }
         *slot = Some(Sampler::new(sampling));
         Ok(())

@@ -1,0 +1,183 @@
+//! What each backend needs in memory for a plan, term by term, from the GGUF header: the
+//! ledger adds its margin and decides against the limits. Asked through
+//! [`super::select::Selection::footprint`], so the ledger never asks which backend serves.
+
+use serde::Serialize;
+
+use super::backend::Device;
+use super::native::forward::UBATCH;
+use super::plan::EnginePlan;
+use inferloop_gguf::ModelShape;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Process memory that is not weights, KV or compute: binary, allocator, async runtime,
+/// llama.cpp's tokenizer tables. Measured with `bench/memory.py` on the default model.
+const OVERHEAD_BASE: u64 = 30 << 20;
+const OVERHEAD_PER_VOCAB_TOKEN: u64 = 160;
+/// Each slot's sampler chain keeps a candidate array over the vocabulary (`llama_token_data`,
+/// 12 B) plus its working copy: measured as ~0.8 MiB per slot on a 49,152-token vocabulary.
+const OVERHEAD_PER_SLOT_VOCAB_TOKEN: u64 = 16;
+/// KV cache element size (llama.cpp's default f16 K and V).
+const KV_ELEM_BYTES: u64 = 2;
+/// llama.cpp rounds each sequence's context up to this many cells.
+const KV_PAD: u64 = 256;
+
+/// One named line of the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Term {
+    pub name: &'static str,
+    pub bytes: u64,
+    pub detail: String,
+}
+
+/// A backend's terms for one plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    pub terms: Vec<Term>,
+    /// What the backend reserves for computing (llama.cpp's "CPU compute buffer size", the
+    /// native forward's scratch); the `compute` term is the part the worst case touches.
+    pub compute_reserved_bytes: u64,
+}
+
+/// llama.cpp on the CPU: the mapped weights, its f16 KV cache (padded per sequence, or the
+/// shared pool), the compute buffer its worst case touches, and the process overhead.
+pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
+    let u = u64::from(plan.n_ubatch);
+    let slots = plan.slots as u64;
+    let per_slot = u64::from(plan.ctx).div_ceil(KV_PAD) * KV_PAD;
+    let cells = if plan.shared_kv {
+        u64::from(plan.kv_cells).div_ceil(KV_PAD) * KV_PAD
+    } else {
+        per_slot * plan.sequences() as u64
+    };
+    let per_cell =
+        shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
+    let kv = cells * per_cell;
+    let ctx_seq = per_slot.min(cells);
+    // One micro-batch's graph: FFN gate/up (f32) and the residual, and the f16 attention
+    // mask over the sequence's context. llama.cpp reserves its compute buffer for that
+    // graph plus logits for every token of the micro-batch (n_ubatch × n_vocab).
+    let activations = 4 * u * (2 * shape.n_ff + shape.n_embd) + 2 * u * ctx_seq;
+    let logits = 4 * shape.n_vocab * slots;
+    let compute_reserved = 4 * u * shape.n_vocab + activations + logits;
+    // What the worst case (every slot full, full prefill micro-batches next to decode
+    // steps) touches. inferloopd never asks for prompt logits, so at most one logits row
+    // per slot is written, in the graph and in llama.cpp's output buffer. But the graph
+    // allocator lays out a prefill step and a decode step differently (it re-plans when
+    // the graph changes), and the freed FFN tensors of the reserved layout sit where its
+    // logits go: a full micro-batch's activations land at two sets of offsets, and pages
+    // once touched stay resident. Charging one layout undercounted the measured peak by
+    // 5.7 MiB at 4 slots × 2048 (issue 10); two layouts bound the 11–19 MiB measured
+    // from 1 × 512 to 1 × 8192 with 24–38% to spare, and never exceed the reservation.
+    let compute = (2 * activations + 2 * logits).min(compute_reserved);
+    let overhead = OVERHEAD_BASE
+        + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab
+        + OVERHEAD_PER_SLOT_VOCAB_TOKEN * shape.n_vocab * slots;
+    let weights = shape.tensor_bytes;
+    Footprint {
+        terms: vec![
+            Term {
+                name: "weights",
+                bytes: weights,
+                detail: format!(
+                    "{} tensor bytes, mapped once for all slots",
+                    shape.architecture
+                ),
+            },
+            Term {
+                name: "kv",
+                bytes: kv,
+                detail: format!(
+                    "{cells} cells x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
+                    shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+                ),
+            },
+            Term {
+                name: "compute",
+                bytes: compute,
+                detail: format!(
+                    "micro-batch {u} activations in two layouts + logits for {} slots (llama.cpp reserves {:.1} MiB)",
+                    slots,
+                    compute_reserved as f64 / MIB
+                ),
+            },
+            Term {
+                name: "overhead",
+                bytes: overhead,
+                detail: format!(
+                    "runtime, allocator, tokenizer tables, samplers for {} slots (measured)",
+                    slots
+                ),
+            },
+        ],
+        compute_reserved_bytes: compute_reserved,
+    }
+}
+
+/// The native backend: the mapped weights, an f16 KV cache of `ctx` positions for every
+/// sequence (no padding, no shared pool), the forward's fixed scratch, and the same
+/// process overhead (llama.cpp still holds the tokenizer tables).
+pub fn native(shape: &ModelShape, plan: &EnginePlan, device: Device) -> Footprint {
+    let sequences = plan.sequences() as u64;
+    let ctx = u64::from(plan.ctx);
+    let kv_dim2 = shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v);
+    let kv = shape.n_layer * sequences * ctx * kv_dim2 * KV_ELEM_BYTES;
+    let u = UBATCH as u64;
+    let q_dim = shape.n_head * shape.head_dim_k;
+    // Per pass row: the residual and its normalized copy, the attention output's
+    // projection, Q and the attention result, K and V, and the FFN gate, up and product.
+    let rows = 4 * u * (3 * shape.n_embd + 2 * q_dim + kv_dim2 + 3 * shape.n_ff);
+    // Attention scores for one head over the context, per token of a pass.
+    let attention = 4 * u * shape.n_head * ctx.min(256);
+    // A logits row per sampling sequence, and each sampler's copies of it.
+    let logits = 4 * shape.n_vocab * sequences;
+    let samplers = 12 * shape.n_vocab * plan.slots as u64;
+    // On CUDA the pass's activations live on the GPU too, with a logits row per pass
+    // token to copy back from.
+    let gpu = match device {
+        Device::Cpu => 0,
+        Device::Cuda => rows + 4 * u * shape.n_vocab,
+    };
+    let scratch = rows + attention + logits + samplers + gpu;
+    let overhead = OVERHEAD_BASE + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab;
+    let weights = shape.tensor_bytes;
+    let (weights_where, kv_where) = match device {
+        Device::Cpu => ("mapped once by the native backend", ""),
+        Device::Cuda => (
+            "copied once to GPU memory (on a Jetson the same DRAM; the file's mapped pages \
+             are cache the kernel can drop)",
+            ", in GPU memory",
+        ),
+    };
+    Footprint {
+        terms: vec![
+            Term {
+                name: "weights",
+                bytes: weights,
+                detail: format!("{} tensor bytes, {weights_where}", shape.architecture),
+            },
+            Term {
+                name: "kv",
+                bytes: kv,
+                detail: format!(
+                    "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B{kv_where}",
+                    plan.ctx, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+                ),
+            },
+            Term {
+                name: "scratch",
+                bytes: scratch,
+                detail: format!(
+                    "native forward: {u}-token passes, attention, logits and samplers for {sequences} sequences"
+                ),
+            },
+            Term {
+                name: "overhead",
+                bytes: overhead,
+                detail: "runtime, allocator, tokenizer tables".into(),
+            },
+        ],
+        compute_reserved_bytes: scratch,
+    }
+}
