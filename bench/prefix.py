@@ -15,8 +15,8 @@ against inferloopd and against llama.cpp's llama-server with its prompt cache on
 * nonce:  workload `shared` with a unique number at the very start of every prompt: nothing
   is reusable, so this measures what looking for reuse costs;
 * chat-relaxed: workload `chat` with inferloopd's `--prefix-cache relaxed`, which reuses the
-  decoded answers as llama-server does (exact mode recomputes them; see the README). Its
-  llama-server run is the `chat` one when both ran.
+  decoded answers as llama-server does (exact mode recomputes them; see
+  docs/configuration.md, "Prompt reuse"). Its llama-server run is the `chat` one when both ran.
 
 Every (workload, server) pair runs on a freshly started server, so caches start cold, and the
 servers run one after the other, never at the same time. Per pair, client side: TTFT (request

@@ -3,7 +3,7 @@
 # (pinned to 12.6: NVRTC 12.9 writes PTX 8.8, which ptxas 12.6 and JetPack 6's CUDA 12.2/12.6
 # drivers reject) into a venv, then `kernels-check` compiles each kernel through the crate's
 # own NVRTC path for sm_87 (Orin) and sm_90 (H200), runs `ptxas -v`, fails on an error or a
-# register spill, and writes out/kernels/kernels.md (the README's table) and kernels.json.
+# register spill, and writes out/kernels/kernels.md (the table in docs/native-and-cuda.md) and kernels.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -27,7 +27,7 @@ for arg in "$@"; do
 done
 out="${out:-out/ota-keys}"
 # Dev keys live for 10 years so a forgotten test box still verifies; a product CA is
-# managed elsewhere (see README, "Updating a device").
+# managed elsewhere (see docs/images-and-ota.md, "Updating a device: RAUC A/B").
 days="${OTA_KEYS_DAYS:-3650}"
 
 command -v openssl >/dev/null || { echo "ota-keys.sh: openssl not found (apt-get install openssl)" >&2; exit 1; }
