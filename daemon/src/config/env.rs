@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, ServeLayer};
+use super::error::ConfigError;
+use super::layer::ServeLayer;
 
 impl ServeLayer {
     /// Overlays `other` on `self`: fields set in `other` win.

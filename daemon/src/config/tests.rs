@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::engine::EnginePlan;
+use inferloop_board::Roots;
 use std::collections::HashMap;
 
 fn env(pairs: &[(&str, &str)]) -> ServeLayer {

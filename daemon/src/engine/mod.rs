@@ -81,6 +81,16 @@ impl EngineError {
     }
 }
 
+impl From<crate::thermal::Overheat> for EngineError {
+    /// A critical board refuses new work.
+    fn from(o: crate::thermal::Overheat) -> Self {
+        Self::Overheated {
+            celsius: o.celsius,
+            critical: o.critical,
+        }
+    }
+}
+
 /// Sampling settings for one sequence, already validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

@@ -148,7 +148,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         };
         // Critical: refuse new work here, at submit; queued and running work goes on.
         let reply = match self.thermal.refusal() {
-            Some(refused) => Err(refused),
+            Some(overheat) => Err(EngineError::from(overheat)),
             None => match self
                 .state
                 .offer(Sequence::waiting(request, events), Instant::now())

@@ -6,7 +6,13 @@ use std::sync::Arc;
 use inferloop_thermal::{AdmissionConfig, Reading, ThermalState};
 use tokio::sync::watch;
 
-use crate::engine::EngineError;
+/// The thermal verdict on new work while the board is critical: the hottest watched zone
+/// and the critical threshold. The engine turns it into its refusal.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overheat {
+    pub celsius: f64,
+    pub critical: f64,
+}
 
 /// What the decode thread consults every loop iteration: a `watch` borrow, no lock held
 /// across anything, no allocation.
@@ -41,8 +47,8 @@ impl ThermalGate {
         self.admission.max_active(state, slots)
     }
 
-    /// `Some` (the error to answer a new request with) while the board is critical.
-    pub fn refusal(&self) -> Option<EngineError> {
+    /// `Some` while the board is critical: new requests are refused.
+    pub fn refusal(&self) -> Option<Overheat> {
         let latest = self.latest.borrow();
         let reading = latest.as_ref()?;
         if reading.state != Some(ThermalState::Critical) {
@@ -52,7 +58,7 @@ impl ThermalGate {
             .snapshot
             .hottest(Some(&self.admission.zones))
             .map_or(f64::NAN, |z| z.celsius);
-        Some(EngineError::Overheated {
+        Some(Overheat {
             celsius,
             critical: self.admission.critical_c,
         })
@@ -112,7 +118,7 @@ mod tests {
         tx.send_replace(Some(Reading::new(hot, Some(ThermalState::Critical))));
         assert_eq!(gate.state(), ThermalState::Critical);
         match gate.refusal() {
-            Some(EngineError::Overheated { celsius, critical }) => {
+            Some(Overheat { celsius, critical }) => {
                 assert_eq!((celsius, critical), (93.5, 90.0));
             }
             other => panic!("expected Overheated, got {other:?}"),
@@ -164,7 +170,7 @@ mod tests {
         for g in [&gate, &clone] {
             assert_eq!(g.state(), ThermalState::Critical);
             match g.refusal() {
-                Some(EngineError::Overheated { celsius, critical }) => {
+                Some(Overheat { celsius, critical }) => {
                     assert_eq!((celsius, critical), (95.5, 90.0));
                 }
                 other => panic!("expected Overheated, got {other:?}"),

@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 
 #[cfg(test)]
 pub(crate) use gate::GateFeed;
-pub use gate::ThermalGate;
+pub use gate::{Overheat, ThermalGate};
 pub use metrics::render_metrics;
 
 /// Snapshots kept for `GET /v1/thermal`: ten minutes at the default 1 s interval.

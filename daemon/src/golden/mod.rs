@@ -25,13 +25,21 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
-use serde::Serialize;
 
 use crate::engine::model::ChatTurn;
 use crate::engine::native::{self, BatchToken, NativeError};
 use crate::engine::prompt::Limit;
 use crate::engine::{open_native, Device, EngineError, LoadedModel};
-use crate::exit::ExitCode;
+
+mod compare;
+mod error;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use compare::{argmax, Stats};
+pub use error::GoldenError;
+pub use report::{NoiseFloor, Report, Worst};
 
 /// One `golden` run.
 #[derive(Debug, Clone)]
@@ -56,129 +64,6 @@ pub struct Request {
     pub noise_floor: bool,
     /// Where the native forward runs: the CPU twins or the first CUDA GPU.
     pub device: Device,
-}
-
-/// The comparison over every position of every prompt.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// Positions compared (prompt tokens plus continuation tokens, all prompts), each
-    /// distinct token prefix once.
-    pub positions: usize,
-    /// Fraction of positions where both put the same token first.
-    pub top1_agreement: f64,
-    /// KL(p_llama ‖ p_native) in nats, averaged over positions.
-    pub mean_kl: f64,
-    pub max_kl: f64,
-    pub max_abs_logit_diff: f64,
-    pub prompts: usize,
-    /// Positions where the top-1 tokens differ.
-    pub top1_disagreements: usize,
-    /// Positions not counted because an earlier prompt began with the same tokens up to
-    /// them (their logits are the same computation).
-    pub repeated_positions: usize,
-    /// Where the largest KL was: prompt index (0-based, among the prompts read) and position.
-    pub worst: Option<Worst>,
-    pub llama_seconds: f64,
-    pub native_seconds: f64,
-    /// With `--noise-floor`: llama.cpp without flash attention against llama.cpp with it,
-    /// over the same positions.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub llama_noise_floor: Option<NoiseFloor>,
-}
-
-/// llama.cpp against itself: the same comparison between its two attention paths.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct NoiseFloor {
-    pub top1_agreement: f64,
-    pub top1_disagreements: usize,
-    pub mean_kl: f64,
-    pub max_kl: f64,
-    pub max_abs_logit_diff: f64,
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Worst {
-    pub prompt: usize,
-    pub pos: usize,
-    pub kl: f64,
-}
-
-impl Report {
-    /// One line for people: `612 positions over 20 prompts: top-1 agreement 99.84% …`.
-    pub fn summary(&self) -> String {
-        format!(
-            "{} positions over {} prompts: top-1 agreement {:.2}% ({} differ), mean KL {:.2e}, \
-             max KL {:.2e}, max |logit diff| {:.4} (llama.cpp {:.1} s, native {:.1} s)",
-            self.positions,
-            self.prompts,
-            100.0 * self.top1_agreement,
-            self.top1_disagreements,
-            self.mean_kl,
-            self.max_kl,
-            self.max_abs_logit_diff,
-            self.llama_seconds,
-            self.native_seconds
-        ) + &self.llama_noise_floor.map_or_else(String::new, |f| {
-            format!(
-                "; llama.cpp against itself (flash attention off vs on): top-1 agreement \
-                 {:.2}% ({} differ), mean KL {:.2e}",
-                100.0 * f.top1_agreement,
-                f.top1_disagreements,
-                f.mean_kl
-            )
-        })
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum GoldenError {
-    #[error("prompts file {}: {source}", .path.display())]
-    Prompts {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("prompts file {} holds no prompt (blank lines and `#` lines are skipped)", .0.display())]
-    NoPrompts(PathBuf),
-    #[error("prompt {line} of {}: {why}", .path.display())]
-    Tokenize {
-        path: PathBuf,
-        line: usize,
-        why: String,
-    },
-    #[error(transparent)]
-    Llama(#[from] EngineError),
-    #[error("llama.cpp decode at prompt line {line}: {why}")]
-    Decode { line: usize, why: String },
-    #[error("native model {}: {source}", .path.display())]
-    NativeLoad { path: PathBuf, source: NativeError },
-    #[error("native forward pass at prompt line {line}: {source}")]
-    Native { line: usize, source: NativeError },
-}
-
-impl GoldenError {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Prompts { .. } => "prompts_file",
-            Self::NoPrompts(_) => "no_prompts",
-            Self::Tokenize { .. } => "tokenize",
-            Self::Llama(_) => "llama_load",
-            Self::Decode { .. } => "llama_decode",
-            Self::NativeLoad { .. } => "native_load",
-            Self::Native { .. } => "native_forward",
-        }
-    }
-
-    /// A prompts file that cannot be read or used is a usage error (2); a model either side
-    /// cannot load or run (not Q8_0, say) is a load failure (4).
-    pub fn exit_code(&self) -> ExitCode {
-        match self {
-            Self::Prompts { .. } | Self::NoPrompts(_) | Self::Tokenize { .. } => ExitCode::Usage,
-            Self::Llama(_)
-            | Self::Decode { .. }
-            | Self::NativeLoad { .. }
-            | Self::Native { .. } => ExitCode::ModelLoad,
-        }
-    }
 }
 
 /// A prompt line and the number of the line it came from (1-based, for messages).
@@ -451,183 +336,4 @@ fn read_prompts(path: &Path) -> Result<Vec<Line>, GoldenError> {
 /// How many leading tokens two sequences share.
 fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The first index of the largest value (llama.cpp's greedy sampler keeps the first too).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-/// One position's comparison, for the trace log.
-#[derive(Debug, Clone, Copy)]
-struct Position {
-    /// llama.cpp's top-1 token and the native one.
-    top1: (usize, usize),
-    /// How far llama.cpp's top-1 logit is above its second: a small margin is a near tie.
-    margin: f32,
-    kl: f64,
-    max_diff: f64,
-}
-
-/// The gap between the largest and the second-largest value.
-fn top2_margin(row: &[f32]) -> f32 {
-    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in row {
-        if v > first {
-            second = first;
-            first = v;
-        } else if v > second {
-            second = v;
-        }
-    }
-    first - second
-}
-
-/// Running totals of the comparison.
-#[derive(Debug, Default)]
-struct Stats {
-    positions: usize,
-    /// Positions skipped because an earlier prompt began with the same tokens.
-    repeated: usize,
-    agree: usize,
-    kl_sum: f64,
-    max_kl: f64,
-    max_abs_diff: f64,
-    worst: Option<Worst>,
-}
-
-impl Stats {
-    /// Compares one position: `reference` is llama.cpp's logits row, `native` the native one.
-    fn add(&mut self, reference: &[f32], native: &[f32], prompt: usize, pos: usize) -> Position {
-        self.positions += 1;
-        let top1 = (argmax(reference), argmax(native));
-        if top1.0 == top1.1 {
-            self.agree += 1;
-        }
-        let kl = kl_divergence(reference, native);
-        self.kl_sum += kl;
-        if self.worst.is_none_or(|w| kl > w.kl) {
-            self.worst = Some(Worst { prompt, pos, kl });
-        }
-        self.max_kl = self.max_kl.max(kl);
-        let diff = reference
-            .iter()
-            .zip(native)
-            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs())
-            .fold(0.0, f64::max);
-        self.max_abs_diff = self.max_abs_diff.max(diff);
-        Position {
-            top1,
-            margin: top2_margin(reference),
-            kl,
-            max_diff: diff,
-        }
-    }
-
-    fn report(&self, prompts: usize, llama_seconds: f64, native_seconds: f64) -> Report {
-        let n = self.positions.max(1) as f64;
-        Report {
-            positions: self.positions,
-            top1_agreement: self.agree as f64 / n,
-            mean_kl: self.kl_sum / n,
-            max_kl: self.max_kl,
-            max_abs_logit_diff: self.max_abs_diff,
-            prompts,
-            top1_disagreements: self.positions - self.agree,
-            repeated_positions: self.repeated,
-            worst: self.worst,
-            llama_seconds,
-            native_seconds,
-            llama_noise_floor: None,
-        }
-    }
-}
-
-/// log-softmax in f64 of a logits row.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
-    let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
-    let lse = max + sum.ln();
-    row.iter().map(|&v| f64::from(v) - lse).collect()
-}
-
-/// KL(p ‖ q) in nats between the softmaxes of two logits rows.
-fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
-    let kl: f64 = lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum();
-    // Rounding can leave a tiny negative sum for equal rows.
-    kl.max(0.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn equal_rows_agree_with_zero_kl_and_zero_difference() {
-        let row = [0.5, -1.0, 3.0, 2.0];
-        let mut s = Stats::default();
-        s.add(&row, &row, 0, 0);
-        let r = s.report(1, 0.0, 0.0);
-        assert_eq!((r.positions, r.top1_disagreements), (1, 0));
-        assert_eq!(r.top1_agreement, 1.0);
-        assert!(r.mean_kl < 1e-15, "{}", r.mean_kl);
-        assert_eq!(r.max_abs_logit_diff, 0.0);
-    }
-
-    #[test]
-    fn a_constant_shift_changes_no_probability_but_shows_in_the_logit_difference() {
-        let a = [0.5f32, -1.0, 3.0, 2.0];
-        let b = a.map(|v| v + 0.25);
-        assert!(kl_divergence(&a, &b) < 1e-12);
-        let mut s = Stats::default();
-        s.add(&a, &b, 0, 0);
-        assert_eq!(s.report(1, 0.0, 0.0).max_abs_logit_diff, 0.25);
-    }
-
-    #[test]
-    fn kl_matches_the_closed_form_and_a_swapped_top1_counts_as_disagreement() {
-        // p = softmax([ln 3, 0]) = (3/4, 1/4); q = (1/4, 3/4).
-        let p = [3f32.ln(), 0.0];
-        let q = [0.0, 3f32.ln()];
-        let want = 0.75 * (3.0f64).ln() + 0.25 * (1.0f64 / 3.0).ln();
-        assert!((kl_divergence(&p, &q) - want).abs() < 1e-6);
-        let mut s = Stats::default();
-        s.add(&p, &p, 0, 0);
-        s.add(&p, &q, 2, 7);
-        let r = s.report(3, 0.0, 0.0);
-        assert_eq!(r.top1_agreement, 0.5);
-        assert_eq!(r.top1_disagreements, 1);
-        let w = r.worst.expect("a worst position");
-        assert_eq!((w.prompt, w.pos), (2, 7));
-        assert!((r.mean_kl - want / 2.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn argmax_keeps_the_first_of_equal_maxima() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
-    }
-
-    #[test]
-    fn blank_and_comment_lines_are_skipped_and_line_numbers_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.txt");
-        std::fs::write(&path, "# prompts\n\nFirst one\n  \nSecond\n").unwrap();
-        let lines = read_prompts(&path).unwrap();
-        let got: Vec<(usize, &str)> = lines.iter().map(|l| (l.number, l.text.as_str())).collect();
-        assert_eq!(got, [(3, "First one"), (5, "Second")]);
-        std::fs::write(&path, "# only a comment\n\n").unwrap();
-        assert!(matches!(
-            read_prompts(&path),
-            Err(GoldenError::NoPrompts(_))
-        ));
-    }
 }

@@ -1,0 +1,131 @@
+//! One layer of serve settings (flags, environment or file), every field optional.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::choices::{BackendChoice, DeviceChoice, PrefixCache};
+
+/// One layer of settings; every field optional so layers can be merged.
+/// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
+#[derive(Debug, Default, Clone, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ServeLayer {
+    /// GGUF model file.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Model id reported by the API (default: the file stem).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Jinja chat template file used instead of the model's own (GGUF
+    /// `tokenizer.chat_template`).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Address to bind.
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// Port to bind (0 picks a free one; the log line `listening on` names it).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Sequences decoded concurrently.
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Requests that may wait for a slot; more get 429.
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// Context length of each slot, in tokens (the KV cache holds slots × ctx).
+    #[arg(long)]
+    pub ctx: Option<u32>,
+    /// CPU threads for llama.cpp.
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Engine: `llama` (llama.cpp), `native` (Q8_0 weights only) or `auto` (default: native
+    /// on a CUDA GPU with Q8_0 weights, llama.cpp otherwise).
+    #[arg(long, value_name = "auto|llama|native")]
+    pub backend: Option<BackendChoice>,
+    /// Where the engine computes: `cpu`, `cuda` or `auto` (default: CUDA when a CUDA GPU is
+    /// found).
+    #[arg(long, value_name = "auto|cpu|cuda")]
+    pub device: Option<DeviceChoice>,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Allow binding a non-loopback address without an API key.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_no_auth: Option<bool>,
+    /// Longest wait in the queue before a 503, in milliseconds.
+    #[arg(long)]
+    pub queue_timeout_ms: Option<u64>,
+    /// Grace period for in-flight requests on SIGTERM, SIGINT or SIGQUIT, in seconds.
+    #[arg(long = "shutdown-timeout")]
+    #[serde(alias = "shutdown_timeout")]
+    pub shutdown_timeout_secs: Option<u64>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Time allowed to receive request headers and body, in seconds.
+    #[arg(long)]
+    pub read_timeout_secs: Option<u64>,
+    /// Manifest pinning the weights' SHA-256 and size; mismatches refuse to start (exit 3).
+    /// Default: /etc/inferloop/manifest.json when that file exists (what images bake in).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Writable directory for state such as the verified-weights cache.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Memory the daemon may use, in MiB (the tightest of this, the cgroup limit and
+    /// MemAvailable applies).
+    #[arg(long)]
+    pub memory_budget_mb: Option<u64>,
+    /// Safety margin added to the ledger, in MiB (default: 5%, at least 16 MiB).
+    #[arg(long)]
+    pub memory_margin_mb: Option<u64>,
+    /// KV cells shared by all slots (default slots × ctx). Fewer oversubscribes the slots:
+    /// requests then also wait for free cells.
+    #[arg(long)]
+    pub kv_cells: Option<u32>,
+    /// Reuse the KV cells of a prompt prefix already computed for another request
+    /// (`on`, `off` or `relaxed`; default on). `on` keeps temperature-0 output identical to
+    /// `off`; `relaxed` also reuses decoded tokens, as llama-server does, so a resent chat
+    /// history recomputes only its new turn, but output may differ from `off`.
+    #[arg(long, value_name = "on|off|relaxed")]
+    pub prefix_cache: Option<PrefixCache>,
+    /// Backend sequences beyond the slots: idle ones keep earlier prompts' prefixes, so
+    /// that more distinct prompts stay reusable than there are slots. A request starts in
+    /// the idle sequence holding its longest prefix; no more than `slots` run at once.
+    /// Default: twice the slots with a shared pool (`--kv-cells`), where they cost no
+    /// memory; 0 with a KV stream per sequence, where each costs `ctx` cells (the ledger
+    /// counts them).
+    #[arg(long)]
+    pub prefix_slots: Option<usize>,
+    /// Board profile to use instead of detecting one (`inferloopd board` shows what
+    /// detection picks and why).
+    #[arg(long)]
+    pub board: Option<String>,
+    /// Root of sysfs for board detection, the thermal watch and the cgroup memory limits
+    /// (tests point it at fixtures).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Root of procfs for board detection and the memory ledger (the device tree, meminfo,
+    /// the own cgroup and mountinfo).
+    #[arg(long)]
+    pub proc_root: Option<PathBuf>,
+    /// How often the thermal watch samples the sensors, in milliseconds.
+    #[arg(long)]
+    pub thermal_interval_ms: Option<u64>,
+    /// At or above this temperature (°C) the board is `hot` and fewer sequences decode at
+    /// once (default: the lowest passive trip point, else the board profile).
+    #[arg(long)]
+    pub hot_celsius: Option<f64>,
+    /// At or above this temperature (°C) the board is `critical` and new requests get 503
+    /// (default: the lowest critical trip point, else the board profile).
+    #[arg(long)]
+    pub critical_celsius: Option<f64>,
+    /// A thermal state is left only below its threshold minus this many °C (default 5).
+    #[arg(long)]
+    pub hysteresis_celsius: Option<f64>,
+    /// Fraction of the slots that may decode at once while hot (rounded down, at least 1).
+    #[arg(long)]
+    pub hot_fraction: Option<f64>,
+}
