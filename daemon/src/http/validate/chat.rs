@@ -13,6 +13,7 @@ use crate::engine::model::ChatTurn;
 use crate::http::wire::{ChatCompletionRequest, MessageContent};
 use crate::tools::{PastCall, ToolUse};
 
+/// A `/v1/chat/completions` body, checked field by field.
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
     unsupported_chat(&req)?;

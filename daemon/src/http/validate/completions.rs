@@ -8,6 +8,7 @@ use crate::http::wire::{CompletionRequest, PromptField};
 /// The legacy completions endpoint's `logprobs` limit, as OpenAI sets it.
 const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
+/// A `/v1/completions` body, checked field by field.
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
     unsupported_completion(&req)?;
