@@ -106,10 +106,12 @@ run: deps model build
 
 # clippy runs with --release so that it reuses the release build of llama.cpp
 # (llama-cpp-sys-2 builds it again, as RelWithDebInfo, for the dev profile:
-# minutes on 2 cores). It lints the same code.
+# minutes on 2 cores). It lints the same code, and q8-bench again with its only feature.
+CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench -- -D warnings
 test: deps model
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
+	$(CLIPPY_Q8_BENCH)
 	cargo test --workspace --release $(LOCKED)
 	$(MAKE) --no-print-directory pytest
 
@@ -146,12 +148,12 @@ kernels-check:
 	scripts/kernels-check.sh
 
 # The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
-# stand-in libcuda (cuda-kernels/sim/), then the kernel tests in both thread orders, the
-# daemon's CUDA forward pass, golden and a served request on --device cuda, each against
-# the CPU twins (~3 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
+# stand-in libcuda (the crate inferloop-cuda-sim, cuda-kernels/sim/), then the kernel tests
+# in both thread orders, the daemon's CUDA forward pass, golden and a served request on
+# --device cuda, each against the CPU twins (~3 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
-	cargo build --release $(LOCKED) -p inferloop-kernels --bin cuda-sim
+	cargo build --release $(LOCKED) -p inferloop-cuda-sim --bin cuda-sim
 	target/release/cuda-sim --out out/cuda-sim
 
 cuda-sim-test: $(VENV)/.installed model-q8
@@ -164,14 +166,14 @@ kernels-test-aarch64:
 	scripts/kernels-aarch64.sh
 
 # What scripts/device-check.sh needs on a GPU machine without a toolchain: the kernel test
-# executables (not the emulator's own, which need a C++ compiler), q8-bench and the PTX from
-# kernels-check (TARGET= cross-builds for a Jetson).
+# executables (the emulator's own live in inferloop-cuda-sim and need a C++ compiler), q8-bench
+# with its GPU clock reading and the PTX from kernels-check (TARGET= cross-builds for a Jetson).
 TARGET ?=
 device-bundle: kernels-check
 	rm -rf out/device && mkdir -p out/device/tests out/device/ptx
-	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench $(if $(TARGET),--target $(TARGET))
+	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench $(if $(TARGET),--target $(TARGET))
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
-	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"] != "sim"]'
+	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
 	mkdir -p out/device/daemon
 	cargo build --release $(LOCKED) -p inferloopd --example native_decode $(if $(TARGET),--target $(TARGET))
 	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
@@ -191,7 +193,7 @@ device-check-sim: device-bundle cuda-sim
 
 DEVICE ?= cpu
 kernel-bench:
-	cargo build --release $(LOCKED) -p inferloop-kernels --bin q8-bench
+	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench
 	mkdir -p out/kernels
 	target/release/q8-bench --device $(DEVICE) --json out/kernels/bench-$(DEVICE).json $(BENCH_ARGS)
 
@@ -206,6 +208,7 @@ fmt:
 
 clippy:
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
+	$(CLIPPY_Q8_BENCH)
 
 # Keeps models/ (a re-download is ~100 MB); `rm -rf models` for that.
 clean:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make cuda-sim-test: the CUDA path, on a machine with no GPU, on the CUDA emulator
-# (cuda-kernels/sim/: every kernel compiled for this CPU behind a stand-in libcuda.so.1).
+# (the crate inferloop-cuda-sim in cuda-kernels/sim/: every kernel compiled for this CPU
+# behind a stand-in libcuda.so.1).
 # It checks what can fail without hardware (indexing, bounds, barriers, shuffles, launch
 # geometry, the host side's buffers and arguments, the daemon's CUDA forward pass end to
 # end), not speed and not the GPU itself: scripts/device-check.sh does that on a GPU.

@@ -8,8 +8,9 @@
 //! - [`nvrtc`]: compiling a source for one architecture (the runtime and `kernels-check` share it).
 //! - [`cuda`]: finding a GPU without panicking, loading the kernels, launching them.
 //! - [`bandwidth`]: the copy-bandwidth ceiling a kernel's throughput is read against.
-//! - [`sim`]: the CUDA emulator's build (the kernels compiled for the host CPU and a stand-in
-//!   `libcuda`), so that the CUDA path runs where there is no GPU.
+//!
+//! The CUDA emulator that runs the CUDA path where there is no GPU is its own crate,
+//! `inferloop-cuda-sim` (`sim/`), used by tests and the `cuda-sim` tool only.
 
 pub mod bandwidth;
 pub mod cpu;
@@ -17,4 +18,3 @@ pub mod cuda;
 pub mod kernels;
 pub mod nvrtc;
 pub mod q8;
-pub mod sim;

@@ -4,7 +4,8 @@
 //! - [`boot`]: the gates before load: weights vs manifest (exit 3), memory ledger (exit 1).
 //! - [`config`]: serve settings from file, flags and environment, checked as a whole.
 //! - [`http`]: routes, OpenAI wire types, errors, SSE; nothing below it knows HTTP.
-//! - [`validate`]: wire request → [`validate::ValidRequest`]; bad input stops here.
+//!   [`http::validate`]: wire request → [`http::validate::ValidRequest`], one module per
+//!   request kind; bad input stops here.
 //! - [`tools`]: tool calls in the Hermes form: the system text, the grammar that forces a
 //!   call, the parser of the model's text (whole or streamed).
 //! - [`engine`]: the loaded model, the scheduler state and the decode thread
@@ -36,4 +37,5 @@ pub mod quantize;
 pub mod server;
 pub mod thermal;
 pub mod tools;
-pub mod validate;
+/// Validation lives under the HTTP layer; the old path stays for callers that use it.
+pub use http::validate;

@@ -7,6 +7,8 @@
 //! scales, the quantization itself not timed); `ceiling_gbps` is the copy bandwidth (bytes read + written, as STREAM and
 //! CUDA's bandwidth tests count it); `ratio = gbps / ceiling_gbps`. On the CPU, `read_gbps`
 //! (a streaming read) is reported too: a GEMV only reads, so that is its own ceiling.
+//! Built with `--features thermal` (`make kernel-bench`, `make device-bundle`), a CUDA row
+//! also carries the GPU clock the board's thermal sources report during the run.
 
 use std::time::Instant;
 
@@ -229,6 +231,7 @@ fn cpu_rows(args: &Args, shapes: &[&Shape]) -> Result<Vec<Row>> {
 }
 
 /// The memory (else SM, else GPU) clock the thermal sources report now, in MHz.
+#[cfg(feature = "thermal")]
 fn gpu_clock_mhz() -> Option<f64> {
     let mut source = inferloop_thermal::open_auto(std::path::Path::new("/sys"), None).ok()?;
     let snapshot = source.sample().ok()?;
@@ -239,6 +242,12 @@ fn gpu_clock_mhz() -> Option<f64> {
             .find(|c| c.domain == *d)
             .map(|c| c.hz as f64 / 1e6)
     })
+}
+
+/// Built without `--features thermal`: no clock beside the figures.
+#[cfg(not(feature = "thermal"))]
+fn gpu_clock_mhz() -> Option<f64> {
+    None
 }
 
 mod cuda {

@@ -5,8 +5,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::validate::InvalidRequest;
 use crate::engine::EngineError;
-use crate::validate::InvalidRequest;
 
 /// `Retry-After` while the board is critical: cooling by the hysteresis takes a while, and
 /// clients retrying every second would only add load.

@@ -15,6 +15,7 @@ use rand::distributions::{Alphanumeric, DistString};
 
 use super::error::ApiError;
 use super::sse::{self, Framer, Shape};
+use super::validate::{self, Input, ValidRequest};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionChoice,
     CompletionLogprobs, WireFunctionCall, WireToolCall,
@@ -24,7 +25,6 @@ use crate::engine::constraint::{Constraint, Grammar};
 use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::{Format, ToolUse};
-use crate::validate::{self, Input, ValidRequest};
 
 /// Reported as `system_fingerprint`: the daemon build that produced the output.
 pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));

@@ -1,4 +1,4 @@
-//! The HTTP layer: routes, OpenAI wire types, errors and SSE framing. It knows hyper and
+//! The HTTP layer: routes, OpenAI wire types, their validation, errors and SSE framing. It knows hyper and
 //! status codes; it hands validated, tokenized work to the [`Engine`](crate::engine::Engine).
 
 mod conn;
@@ -7,6 +7,7 @@ mod generate;
 mod routes;
 mod sse;
 mod tokens;
+pub mod validate;
 pub mod wire;
 
 use std::future::Future;

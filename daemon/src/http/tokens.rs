@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::generate::read_body;
+use super::validate;
 use super::wire::{DetokenizeRequest, TokenizeRequest};
 use super::AppState;
-use crate::validate;
 
 /// `{"content", "add_special": false, "parse_special": true, "with_pieces": false}` →
 /// `{"tokens": [id, …]}`, or `[{"id", "piece"}, …]` with pieces (a piece that is not whole

@@ -34,7 +34,7 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
-    // OpenAI fields refused unless they ask for nothing (see `validate::unsupported_chat`).
+    // OpenAI fields refused unless they ask for nothing (see `validate::chat`).
     pub audio: Option<Value>,
     pub modalities: Option<Value>,
     pub prediction: Option<Value>,

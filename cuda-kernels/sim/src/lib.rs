@@ -1,8 +1,10 @@
-//! The CUDA emulator's build: every kernel source compiled for the host CPU with
-//! `sim/cuda_sim.hpp` in front, plus `sim/driver.cpp` as a stand-in `libcuda.so.1`, so that
-//! the GPU tests, `golden --device cuda` and the daemon's CUDA forward pass run on a machine
-//! with no GPU. It checks what can go wrong without hardware (indexing, bounds, reductions,
-//! barriers, launch geometry, the host side's buffers and arguments), not speed.
+//! The CUDA emulator: every kernel source of `inferloop-kernels` compiled for the host CPU
+//! with `cpp/cuda_sim.hpp` in front, plus `cpp/driver.cpp` as a stand-in `libcuda.so.1`, so
+//! that the GPU tests, `golden --device cuda` and the daemon's CUDA forward pass run on a
+//! machine with no GPU. It checks what can go wrong without hardware (indexing, bounds,
+//! reductions, barriers, launch geometry, the host side's buffers and arguments), not speed.
+//! Nothing that ships depends on it: the `cuda-sim` tool builds it, and a process picks it
+//! up through `LD_LIBRARY_PATH` and [`inferloop_kernels::cuda::PTX_DIR_ENV`].
 //!
 //! A kernel file is turned into C++ by two rewrites: each inline PTX statement the kernels
 //! use becomes a call to its emulation (any other inline PTX is an error naming the line),
@@ -11,12 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::kernels::{Source, SOURCES};
+use inferloop_kernels::kernels::{Source, SOURCES};
 
 /// The prelude, the shared ABI and the stand-in driver.
-pub const PRELUDE: &str = include_str!("../sim/cuda_sim.hpp");
-pub const ABI: &str = include_str!("../sim/sim_abi.h");
-pub const DRIVER: &str = include_str!("../sim/driver.cpp");
+pub const PRELUDE: &str = include_str!("../cpp/cuda_sim.hpp");
+pub const ABI: &str = include_str!("../cpp/sim_abi.h");
+pub const DRIVER: &str = include_str!("../cpp/driver.cpp");
 
 /// The first line of a module's stand-in PTX file; the driver dlopens the path after it.
 pub const MODULE_TAG: &str = "//inferloop-cuda-sim ";
@@ -233,7 +235,7 @@ pub fn kernel_entries(code: &str) -> Vec<String> {
 pub struct Built {
     /// Put first on `LD_LIBRARY_PATH`: holds `libcuda.so.1`.
     pub lib_dir: PathBuf,
-    /// Set as [`crate::cuda::PTX_DIR_ENV`]: one stand-in `<kernel>.ptx` per module.
+    /// Set as [`inferloop_kernels::cuda::PTX_DIR_ENV`]: one stand-in `<kernel>.ptx` per module.
     pub modules_dir: PathBuf,
     /// Every emulated kernel entry, `module.entry`.
     pub entries: Vec<String>,
@@ -397,9 +399,9 @@ mod tests {
                 assert!(t.cpp.contains(&format!("SIM_ENTRY({e})")));
             }
         }
-        let gemv = translate(crate::kernels::source("q8_gemv").unwrap()).unwrap();
+        let gemv = translate(inferloop_kernels::kernels::source("q8_gemv").unwrap()).unwrap();
         assert_eq!(gemv.entries, ["q8_gemv_f32"]);
-        let attn = translate(crate::kernels::source("attention").unwrap()).unwrap();
+        let attn = translate(inferloop_kernels::kernels::source("attention").unwrap()).unwrap();
         assert_eq!(attn.entries, ["attn_partial_f16", "attn_combine_f32"]);
     }
 

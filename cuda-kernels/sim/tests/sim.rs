@@ -1,4 +1,4 @@
-//! The CUDA emulator's own tests (`inferloop_kernels::sim`): its built-ins, shuffles,
+//! The CUDA emulator's own tests (`inferloop_cuda_sim`): its built-ins, shuffles,
 //! shared memory and f16 conversions give what a GPU gives, and what is undefined on a GPU
 //! (a barrier or a full-mask shuffle not every thread reaches, memory outside an
 //! allocation, a race between threads) is refused or shows.
@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use inferloop_cuda_sim::{self as sim, Built};
 use inferloop_kernels::kernels::Source;
-use inferloop_kernels::sim::{self, Built};
 
 const CASE_ENV: &str = "INFERLOOP_SIM_CASE";
 const MODULE_ENV: &str = "INFERLOOP_SIM_SELFTEST";

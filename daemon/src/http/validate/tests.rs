@@ -1,7 +1,9 @@
 //! Unit tests of request validation: each refusal names its field.
 
 use super::*;
-use crate::tools::PastCall;
+use crate::engine::constraint::Grammar;
+use crate::engine::model::ChatTurn;
+use crate::tools::{PastCall, ToolChoice};
 
 fn chat_json(body: &str) -> Result<ValidRequest, InvalidRequest> {
     chat(parse_json(body.as_bytes())?)

@@ -1,6 +1,6 @@
-//! Builds the CUDA emulator (see `inferloop_kernels::sim`): every kernel compiled for this
+//! Builds the CUDA emulator (see `inferloop_cuda_sim`): every kernel compiled for this
 //! CPU and a stand-in `libcuda.so.1`. Prints the two environment variables that make the
-//! crate's GPU tests, `q8-bench --device cuda` and `inferloopd --device cuda` use it.
+//! kernel crate's GPU tests, `q8-bench --device cuda` and `inferloopd --device cuda` use it.
 
 use std::path::PathBuf;
 
@@ -23,7 +23,7 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     let out = std::path::absolute(&args.out)?;
-    let built = inferloop_kernels::sim::build(&out, &args.cxx)?;
+    let built = inferloop_cuda_sim::build(&out, &args.cxx)?;
     if !built.warnings.is_empty() {
         eprint!("{}", built.warnings);
     }

@@ -1,0 +1,23 @@
+//! Validation: turns a wire request into a [`ValidRequest`], one module per request kind
+//! and per group of shared fields. An invalid request never reaches the scheduler, and
+//! every message names the field at fault.
+
+mod chat;
+mod completions;
+mod format;
+mod json;
+mod output;
+mod request;
+mod sampling;
+mod tokens;
+mod tools;
+
+pub use chat::chat;
+pub use completions::completion;
+pub use json::parse_json;
+pub use request::{Input, InvalidRequest, ValidRequest};
+pub use sampling::check_vocab;
+pub use tokens::token_ids;
+
+#[cfg(test)]
+mod tests;

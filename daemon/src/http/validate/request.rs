@@ -1,0 +1,58 @@
+//! What validation yields and refuses: [`ValidRequest`], its [`Input`], and
+//! [`InvalidRequest`], whose message names the field at fault.
+
+use crate::engine::constraint::Grammar;
+use crate::engine::model::ChatTurn;
+use crate::engine::SamplingParams;
+use crate::tools::ToolUse;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum InvalidRequest {
+    #[error("We could not parse the JSON body of your request: {0}")]
+    Json(String),
+    #[error("`{param}` {message}")]
+    Field { param: String, message: String },
+}
+
+impl InvalidRequest {
+    pub(super) fn field(param: &str, message: impl Into<String>) -> Self {
+        Self::Field {
+            param: param.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A field OpenAI defines and this server does not implement.
+pub(super) fn unsupported(param: &str, what: &str) -> InvalidRequest {
+    InvalidRequest::field(param, format!("is not supported by this server ({what})"))
+}
+
+/// What to generate from: chat turns to render, or a raw prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Chat(Vec<ChatTurn>),
+    Text(String),
+}
+
+/// A request that passed every check the wire allows; the context-length check follows
+/// tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: Option<String>,
+    pub input: Input,
+    /// `None`: up to the end of the slot's context.
+    pub max_tokens: Option<u32>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+    /// Raw prompts only: special-token text becomes control tokens (an explicit opt-in).
+    pub parse_special: bool,
+    /// What the output must match (`response_format`, a forced tool call); compiled
+    /// against the model's vocabulary once the model is known.
+    pub grammar: Option<Grammar>,
+    /// The tools the model may call; its output is then parsed for calls.
+    pub tools: Option<ToolUse>,
+}

@@ -1,0 +1,133 @@
+//! The sampling fields both request kinds share: temperature, top-p/k, min-p, penalties,
+//! seed and `logit_bias`.
+
+use serde_json::{Map, Value};
+
+use super::request::InvalidRequest;
+use crate::engine::SamplingParams;
+use crate::http::wire::WireSampling;
+
+/// `logit_bias` values are clamped to this range by OpenAI's definition.
+const MAX_BIAS: f64 = 100.0;
+
+pub(super) fn sampling(w: &WireSampling) -> Result<SamplingParams, InvalidRequest> {
+    let d = SamplingParams::default();
+    let temperature = in_range("temperature", w.temperature, d.temperature, 0.0, 2.0)?;
+    let top_p = w.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(InvalidRequest::field("top_p", "must be in (0, 1]"));
+    }
+    let top_k = w.top_k.unwrap_or(d.top_k);
+    if top_k < 0 {
+        return Err(InvalidRequest::field(
+            "top_k",
+            "must be 0 (disabled) or positive",
+        ));
+    }
+    let min_p = in_range("min_p", w.min_p, d.min_p, 0.0, 1.0)?;
+    let presence_penalty = in_range(
+        "presence_penalty",
+        w.presence_penalty,
+        d.presence_penalty,
+        -2.0,
+        2.0,
+    )?;
+    let frequency_penalty = in_range(
+        "frequency_penalty",
+        w.frequency_penalty,
+        d.frequency_penalty,
+        -2.0,
+        2.0,
+    )?;
+    // Only the low 32 bits reach llama.cpp's sampler; without a seed every request differs.
+    let seed = match w.seed {
+        Some(s) => s as u64 as u32,
+        None => rand::random(),
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+        ..SamplingParams::default()
+    })
+}
+
+fn in_range(
+    param: &str,
+    v: Option<f32>,
+    default: f32,
+    lo: f32,
+    hi: f32,
+) -> Result<f32, InvalidRequest> {
+    let v = v.unwrap_or(default);
+    if !(v.is_finite() && (lo..=hi).contains(&v)) {
+        return Err(InvalidRequest::field(
+            param,
+            format!("must be between {lo} and {hi}"),
+        ));
+    }
+    Ok(v)
+}
+
+/// `{"token id": bias}` → `(id, bias)` sorted by id. Ids are checked against the
+/// vocabulary later ([`check_vocab`]), once the model is known.
+pub(super) fn logit_bias(
+    map: Option<&Map<String, Value>>,
+) -> Result<Vec<(i32, f32)>, InvalidRequest> {
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let id = key
+            .parse::<i64>()
+            .ok()
+            .filter(|id| *id >= 0)
+            .and_then(|id| i32::try_from(id).ok())
+            .ok_or_else(|| {
+                InvalidRequest::field(
+                    "logit_bias",
+                    format!("key `{key}` is not a token id (a non-negative integer)"),
+                )
+            })?;
+        let bias = value
+            .as_f64()
+            .filter(|b| (-MAX_BIAS..=MAX_BIAS).contains(b))
+            .ok_or_else(|| {
+                InvalidRequest::field(
+                    "logit_bias",
+                    format!(
+                        "value for key `{key}` must be a number between -{MAX_BIAS} and \
+                         {MAX_BIAS} (got {value})"
+                    ),
+                )
+            })?;
+        out.push((id, bias as f32));
+    }
+    out.sort_by_key(|b| b.0);
+    // "01" and "1" name the same token: one bias per token, or the sum would exceed 100.
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(InvalidRequest::field(
+            "logit_bias",
+            format!("token id {} appears more than once", w[0].0),
+        ));
+    }
+    Ok(out)
+}
+
+/// Every `logit_bias` id must be a token of the model's vocabulary.
+pub fn check_vocab(sampling: &SamplingParams, n_vocab: i32) -> Result<(), InvalidRequest> {
+    match sampling.logit_bias.iter().find(|b| b.0 >= n_vocab) {
+        Some((id, _)) => Err(InvalidRequest::field(
+            "logit_bias",
+            format!(
+                "key `{id}` is not a token id of this model (its vocabulary has {n_vocab} tokens)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}

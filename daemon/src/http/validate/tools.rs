@@ -1,0 +1,124 @@
+//! `tools`, `tool_choice` and `parallel_tool_calls`: the functions a chat answer may call.
+
+use serde_json::Value;
+
+use super::format::valid_name;
+use super::request::InvalidRequest;
+use crate::tools::{Tool, ToolChoice, ToolUse};
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`. `None` when no tool may be called
+/// (no tools, or `tool_choice: "none"`): the tools are then not shown to the model.
+pub(super) fn tool_use(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolUse>, InvalidRequest> {
+    let list = match tools.filter(|t| !t.is_null()) {
+        None => &[][..],
+        Some(Value::Array(a)) => &a[..],
+        Some(_) => return Err(InvalidRequest::field("tools", "must be an array")),
+    };
+    let mut parsed: Vec<Tool> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let kind = t.get("type").and_then(Value::as_str);
+        if kind != Some("function") {
+            return Err(InvalidRequest::field(
+                &format!("tools[{i}].type"),
+                "must be `function` (the only tool type this server supports)",
+            ));
+        }
+        let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
+            InvalidRequest::field(&format!("tools[{i}].function"), "must be an object")
+        })?;
+        let name = match f.get("name") {
+            Some(Value::String(n)) if valid_name(n) => n.clone(),
+            _ => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.name"),
+                    "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
+                ))
+            }
+        };
+        if parsed.iter().any(|p| p.name == name) {
+            return Err(InvalidRequest::field(
+                &format!("tools[{i}].function.name"),
+                format!("`{name}` names two tools"),
+            ));
+        }
+        let description = match f.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(_) => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.description"),
+                    "must be a string",
+                ))
+            }
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(InvalidRequest::field(
+                    &format!("tools[{i}].function.parameters"),
+                    "must be a JSON schema object",
+                ))
+            }
+        };
+        parsed.push(Tool {
+            name,
+            description,
+            parameters,
+        });
+    }
+    let choice = match choice.filter(|c| !c.is_null()) {
+        None if parsed.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(InvalidRequest::field(
+                    "tool_choice",
+                    format!(
+                        "must be none, auto, required or {{\"type\": \"function\", \"function\": \
+                         {{\"name\": …}}}} (got `{other}`)"
+                    ),
+                ))
+            }
+        },
+        Some(obj) => {
+            let name = obj
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| obj.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    InvalidRequest::field(
+                        "tool_choice",
+                        "must be none, auto, required or {\"type\": \"function\", \
+                         \"function\": {\"name\": …}}",
+                    )
+                })?;
+            if !parsed.iter().any(|t| t.name == name) {
+                return Err(InvalidRequest::field(
+                    "tool_choice.function.name",
+                    format!("`{name}` is not one of `tools`"),
+                ));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+    };
+    if parsed.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Auto) {
+        return Err(InvalidRequest::field(
+            "tool_choice",
+            "needs `tools`: there is no tool to call",
+        ));
+    }
+    Ok((choice != ToolChoice::None).then(|| ToolUse {
+        tools: parsed,
+        choice,
+        parallel: parallel.unwrap_or(true),
+    }))
+}
