@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::sse::{self, Framer, Shape};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionChoice,
-    CompletionLogprobs, WireFunctionCall, WireToolCall,
+    CompletionLogprobs, WireFunctionCall, WireToolCall, FINGERPRINT,
 };
 use super::AppState;
 use crate::engine::constraint::{Constraint, Grammar};
@@ -26,9 +26,6 @@ use crate::engine::select::BackendKind;
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::{Format, ToolUse};
 use crate::validate::{self, Input, ValidRequest};
-
-/// Reported as `system_fingerprint`: the daemon build that produced the output.
-pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
 
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let received_at = Instant::now();

@@ -588,9 +588,7 @@ mod tests {
             plan(1, 1024),
             vec![limit(LimitSource::CgroupV2, 4096)],
         );
-        let mut w = TextWriter::new();
-        d.render_metrics(&mut w);
-        let out = w.finish();
+        let out = crate::metrics::text::render(move |w| d.render_metrics(w));
         for t in ["weights", "kv", "compute", "overhead", "margin", "total"] {
             assert!(out.contains(&format!("inferloop_memory_required_bytes{{term=\"{t}\"}}")));
         }

@@ -8,7 +8,8 @@
 //! Mistral reply that opens with a list of objects is taken as that list.
 
 use super::scan::{head, value_end, Head};
-use super::{call_of, Out, Spacer, MISTRAL_CALLS, PYTHON_TAG};
+use super::call::{call_of, Out, Spacer};
+use super::format::{MISTRAL_CALLS, PYTHON_TAG};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Form {
