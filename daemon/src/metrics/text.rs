@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeGaugeValue, MetricEncoder,
-};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
@@ -53,7 +51,12 @@ impl<'e> TextWriter<'e> {
 
     /// A gauge family with labels, its samples added by `samples`. Announced even if no
     /// sample is added, so dashboards see it exist.
-    pub fn gauge_family(&mut self, name: &str, help: &str, samples: impl FnOnce(&mut Family<'_, '_>)) {
+    pub fn gauge_family(
+        &mut self,
+        name: &str,
+        help: &str,
+        samples: impl FnOnce(&mut Family<'_, '_>),
+    ) {
         self.family(name, help, |encoder| {
             let mut family = Family {
                 encoder,
