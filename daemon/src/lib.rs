@@ -12,8 +12,8 @@
 //!   (continuous batching over one llama.cpp context).
 //! - [`ledger`]: the memory ledger (GGUF header → bytes per term) and the limits it
 //!   is checked against (cgroup v1/v2, MemAvailable, budget).
-//! - [`metrics`]: Prometheus series, all written through one exposition writer
-//!   ([`metrics::TextWriter`]).
+//! - [`metrics`]: Prometheus series in a `prometheus-client` registry; series computed at
+//!   scrape time are written through [`metrics::TextWriter`].
 //! - [`thermal`]: board detection and the thermal watch: the sampler, the admission gate the
 //!   decode thread reads, the thermal metrics, and the readings for `inferloopd thermal`.
 //! - [`notify`]: systemd readiness and watchdog notifications.

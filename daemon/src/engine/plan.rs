@@ -260,9 +260,8 @@ mod tests {
 
     #[test]
     fn the_plan_is_exported_as_gauges() {
-        let mut w = TextWriter::new();
-        plan(2, 1024, Some(1536)).render_metrics(&mut w);
-        let text = w.finish();
+        let p = plan(2, 1024, Some(1536));
+        let text = crate::metrics::text::render(move |w| p.render_metrics(w));
         for line in [
             "inferloop_slots 2\n",
             "inferloop_queue_capacity 16\n",

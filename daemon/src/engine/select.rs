@@ -308,14 +308,12 @@ mod tests {
 
     #[test]
     fn the_backend_is_exported_as_an_info_gauge() {
-        let mut w = TextWriter::new();
-        Selection {
+        let s = Selection {
             backend: BackendKind::Native,
             device: Device::Cpu,
             why: String::new(),
-        }
-        .render_metrics(&mut w);
-        let text = w.finish();
+        };
+        let text = crate::metrics::text::render(move |w| s.render_metrics(w));
         assert!(
             text.contains("inferloop_backend_info{backend=\"native\",device=\"cpu\"} 1\n"),
             "{text}"

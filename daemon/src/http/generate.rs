@@ -18,16 +18,13 @@ use super::sse::{self, Framer, Shape};
 use super::validate::{self, Input, ValidRequest};
 use super::wire::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionChoice,
-    CompletionLogprobs, WireFunctionCall, WireToolCall,
+    CompletionLogprobs, WireFunctionCall, WireToolCall, FINGERPRINT,
 };
 use super::AppState;
 use crate::engine::constraint::{Constraint, Grammar};
 use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::{Format, ToolUse};
-
-/// Reported as `system_fingerprint`: the daemon build that produced the output.
-pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
 
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let received_at = Instant::now();

@@ -30,10 +30,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.render(),
     )
         .into_response()

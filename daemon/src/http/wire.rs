@@ -9,6 +9,9 @@ use serde_json::{Map, Value};
 
 use crate::engine::{FinishReason, Timings, TokenLogprob, Usage};
 
+/// Reported as `system_fingerprint`: the daemon build that produced the output.
+pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
+
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,

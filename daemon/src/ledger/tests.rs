@@ -231,9 +231,7 @@ fn metrics_name_every_term_and_limit() {
         None,
         vec![limit(LimitSource::CgroupV2, 4096)],
     );
-    let mut w = TextWriter::new();
-    d.render_metrics(&mut w);
-    let out = w.finish();
+    let out = crate::metrics::text::render(move |w| d.render_metrics(w));
     for t in ["weights", "kv", "compute", "overhead", "margin", "total"] {
         assert!(out.contains(&format!("inferloop_memory_required_bytes{{term=\"{t}\"}}")));
     }

@@ -1,88 +1,35 @@
-//! Prometheus metrics, kept as plain atomics and rendered to the text exposition format.
+//! The daemon's Prometheus series, held in a `prometheus-client` registry and encoded in the
+//! Prometheus text format (0.0.4).
 //!
-//! A hand-rolled registry keeps the hot path to one atomic add and avoids a global registry;
-//! the set of series is small and fixed. Every series, the engine's here and those other
-//! subsystems add with [`Metrics::add_source`], is written through [`TextWriter`].
+//! The engine's series are the crate's atomics, registered once: counting a token or a request
+//! that reached the engine is one `fetch_add`. Series another subsystem owns (plan, memory
+//! ledger, thermal) are computed at scrape time by a renderer added with
+//! [`Metrics::add_source`], which writes through [`TextWriter`].
+//!
+//! The 0.0.4 encoder, not the crate's default OpenMetrics one, because it writes exactly the
+//! exposition scrapers were given before: counter families announced under their `_total`
+//! name and no `# EOF`, served as `text/plain; version=0.0.4`.
 
 pub mod text;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 pub use text::TextWriter;
 
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+/// A monotonic count: one relaxed `fetch_add` on an `AtomicU64`.
+pub type Counter = prometheus_client::metrics::counter::Counter;
+/// A value that goes up and down: one store on an `AtomicI64`.
+pub type Gauge = prometheus_client::metrics::gauge::Gauge;
+/// Fixed-bucket histogram (the crate's; one short uncontended lock per observation).
+pub type Histogram = prometheus_client::metrics::histogram::Histogram;
 
-impl Counter {
-    pub fn inc(&self) {
-        self.inc_by(1);
-    }
-    pub fn inc_by(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    pub fn set(&self, v: i64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// Fixed-bucket histogram (cumulative buckets are computed at render time).
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    inner: Mutex<HistogramData>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct HistogramData {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    pub fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            inner: Mutex::new(HistogramData {
-                counts: vec![0; bounds.len()],
-                ..HistogramData::default()
-            }),
-        }
-    }
-
-    pub fn observe(&self, v: f64) {
-        if let Ok(mut d) = self.inner.lock() {
-            if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
-                d.counts[i] += 1;
-            }
-            d.sum += v;
-            d.count += 1;
-        }
-    }
-
-    pub fn count(&self) -> u64 {
-        self.inner.lock().map(|d| d.count).unwrap_or(0)
-    }
-
-    fn render(&self, w: &mut TextWriter, name: &str, help: &str) {
-        let d = self.inner.lock().map(|d| d.clone()).unwrap_or_default();
-        w.histogram(name, help, self.bounds, &d.counts, d.sum, d.count);
-    }
-}
+/// `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -92,12 +39,44 @@ const TOKEN_BUCKETS: &[f64] = &[
 ];
 const REQUEST_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
+/// Labels of `inferloop_requests_total`, in the order they are written.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    code: u16,
+}
+
 /// Renders series owned by another subsystem.
-type Source = Box<dyn Fn(&mut TextWriter) + Send + Sync>;
+type Source = Box<dyn Fn(&mut TextWriter<'_>) + Send + Sync>;
+
+/// The renderers added with [`Metrics::add_source`], run by the registry on every scrape.
+#[derive(Default, Clone)]
+struct Sources(Arc<Mutex<Vec<Source>>>);
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |s| s.len());
+        f.debug_tuple("Sources").field(&n).finish()
+    }
+}
+
+impl Collector for Sources {
+    fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
+        let mut w = TextWriter::new(encoder);
+        if let Ok(sources) = self.0.lock() {
+            for f in sources.iter() {
+                f(&mut w);
+            }
+        }
+        w.finish()
+    }
+}
 
 /// Every series the daemon exports.
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    registry: Registry,
+    sources: Sources,
+    requests: Family<RequestLabels, Counter>,
     pub active_slots: Gauge,
     pub queue_depth: Gauge,
     pub kv_reserved_cells: Gauge,
@@ -112,14 +91,14 @@ pub struct Metrics {
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
-    /// Series of other subsystems (memory ledger, thermal), written after these at render time.
-    extra: Mutex<Vec<Source>>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self {
-            requests: Mutex::default(),
+        let m = Self {
+            registry: Registry::default(),
+            sources: Sources::default(),
+            requests: Family::default(),
             active_slots: Gauge::default(),
             queue_depth: Gauge::default(),
             kv_reserved_cells: Gauge::default(),
@@ -129,11 +108,11 @@ impl Default for Metrics {
             prefix_lookup_tokens_total: Counter::default(),
             prefix_hit_tokens_total: Counter::default(),
             prefix_retained_cells: Gauge::default(),
-            ttft_seconds: Histogram::new(LATENCY_BUCKETS),
-            inter_token_seconds: Histogram::new(TOKEN_BUCKETS),
-            request_seconds: Histogram::new(REQUEST_BUCKETS),
-            extra: Mutex::default(),
-        }
+            ttft_seconds: Histogram::new(LATENCY_BUCKETS.iter().copied()),
+            inter_token_seconds: Histogram::new(TOKEN_BUCKETS.iter().copied()),
+            request_seconds: Histogram::new(REQUEST_BUCKETS.iter().copied()),
+        };
+        m.registered()
     }
 }
 
@@ -147,106 +126,109 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    pub fn record_request(&self, route: &str, code: u16) {
-        if let Ok(mut m) = self.requests.lock() {
-            *m.entry((route.to_string(), code)).or_default() += 1;
-        }
-    }
-
-    pub fn requests(&self, route: &str, code: u16) -> u64 {
-        self.requests
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&(route.to_string(), code)).copied())
-            .unwrap_or(0)
-    }
-
-    /// Registers a renderer for series owned elsewhere.
-    pub fn add_source(&self, f: impl Fn(&mut TextWriter) + Send + Sync + 'static) {
-        if let Ok(mut e) = self.extra.lock() {
-            e.push(Box::new(f));
-        }
-    }
-
-    pub fn render(&self) -> String {
-        let mut w = TextWriter::new();
-        w.counter_family(
-            "inferloop_requests_total",
-            "HTTP requests by route and status code.",
-            |family| {
-                if let Ok(m) = self.requests.lock() {
-                    for ((route, code), n) in m.iter() {
-                        family.sample(&[("route", route), ("code", &code.to_string())], *n);
-                    }
-                }
-            },
+    /// Registers every series in exposition order. The registry holds clones of the handles
+    /// (each an `Arc` of its atomics), so the fields above and the scrape see the same values.
+    /// Counters are registered without `_total` and helps without the final period: the
+    /// encoder adds both.
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "inferloop_requests",
+            "HTTP requests by route and status code",
+            self.requests.clone(),
         );
-        w.gauge(
+        r.register(
             "inferloop_active_slots",
-            "Sequences decoding now.",
-            self.active_slots.get(),
+            "Sequences decoding now",
+            self.active_slots.clone(),
         );
-        w.gauge(
+        r.register(
             "inferloop_queue_depth",
-            "Requests waiting for a slot.",
-            self.queue_depth.get(),
+            "Requests waiting for a slot",
+            self.queue_depth.clone(),
         );
-        w.gauge(
+        r.register(
             "inferloop_kv_reserved_cells",
-            "KV cells reserved by running requests.",
-            self.kv_reserved_cells.get(),
+            "KV cells reserved by running requests",
+            self.kv_reserved_cells.clone(),
         );
-        w.counter(
-            "inferloop_prompt_tokens_total",
-            "Prompt tokens admitted.",
-            self.prompt_tokens_total.get(),
+        r.register(
+            "inferloop_prompt_tokens",
+            "Prompt tokens admitted",
+            self.prompt_tokens_total.clone(),
         );
-        w.counter(
-            "inferloop_generated_tokens_total",
-            "Tokens generated.",
-            self.generated_tokens_total.get(),
+        r.register(
+            "inferloop_generated_tokens",
+            "Tokens generated",
+            self.generated_tokens_total.clone(),
         );
-        w.counter(
-            "inferloop_cancelled_total",
-            "Requests stopped because the client disconnected, while running or while queued.",
-            self.cancelled_total.get(),
+        r.register(
+            "inferloop_cancelled",
+            "Requests stopped because the client disconnected, while running or while queued",
+            self.cancelled_total.clone(),
         );
-        w.counter(
-            "inferloop_prefix_cache_lookup_tokens_total",
-            "Prompt tokens of admitted requests looked up in the prefix cache.",
-            self.prefix_lookup_tokens_total.get(),
+        r.register(
+            "inferloop_prefix_cache_lookup_tokens",
+            "Prompt tokens of admitted requests looked up in the prefix cache",
+            self.prefix_lookup_tokens_total.clone(),
         );
-        w.counter(
-            "inferloop_prefix_cache_hit_tokens_total",
-            "Prompt tokens reused from resident KV cells instead of being recomputed.",
-            self.prefix_hit_tokens_total.get(),
+        r.register(
+            "inferloop_prefix_cache_hit_tokens",
+            "Prompt tokens reused from resident KV cells instead of being recomputed",
+            self.prefix_hit_tokens_total.clone(),
         );
-        w.gauge(
+        r.register(
             "inferloop_prefix_cache_retained_cells",
-            "KV cells that idle slots keep for prompt reuse.",
-            self.prefix_retained_cells.get(),
+            "KV cells that idle slots keep for prompt reuse",
+            self.prefix_retained_cells.clone(),
         );
-        self.ttft_seconds.render(
-            &mut w,
+        r.register(
             "inferloop_ttft_seconds",
-            "Request received to first token sampled.",
+            "Request received to first token sampled",
+            self.ttft_seconds.clone(),
         );
-        self.inter_token_seconds.render(
-            &mut w,
+        r.register(
             "inferloop_inter_token_seconds",
-            "Time between consecutive tokens of one sequence.",
+            "Time between consecutive tokens of one sequence",
+            self.inter_token_seconds.clone(),
         );
-        self.request_seconds.render(
-            &mut w,
+        r.register(
             "inferloop_request_seconds",
-            "Request received to last token.",
+            "Request received to last token",
+            self.request_seconds.clone(),
         );
-        if let Ok(extra) = self.extra.lock() {
-            for f in extra.iter() {
-                f(&mut w);
-            }
+        // Collectors are encoded after the registered series.
+        r.register_collector(Box::new(self.sources.clone()));
+        self
+    }
+
+    /// Counts an HTTP response. Once per request, off the decode path: a shared read lock
+    /// and a hash of the label set find the counter, then one atomic add.
+    pub fn record_request(&self, route: &str, code: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_string(),
+                code,
+            })
+            .inc();
+    }
+
+    /// Registers a renderer for series owned elsewhere, written after these on every scrape.
+    pub fn add_source(&self, f: impl Fn(&mut TextWriter<'_>) + Send + Sync + 'static) {
+        if let Ok(mut s) = self.sources.0.lock() {
+            s.push(Box::new(f));
         }
-        w.finish()
+    }
+
+    /// The exposition, in the format [`CONTENT_TYPE`] names.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a `String` cannot fail; a renderer's error would cut the text short,
+        // and a partial scrape still beats none.
+        if let Err(e) = prometheus_text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding /metrics failed part way");
+        }
+        out
     }
 }
 
@@ -256,17 +238,28 @@ mod tests {
 
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let h = Histogram::new(&[0.1, 1.0]);
-        h.observe(0.05);
-        h.observe(0.5);
-        h.observe(5.0);
-        let mut w = TextWriter::new();
-        h.render(&mut w, "x", "help");
-        let out = w.finish();
-        assert!(out.contains("x_bucket{le=\"0.1\"} 1\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"1\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
-        assert!(out.contains("x_count 3\n"), "{out}");
+        let m = Metrics::default();
+        m.request_seconds.observe(0.07);
+        m.request_seconds.observe(0.5);
+        m.request_seconds.observe(500.0);
+        let out = m.render();
+        assert!(
+            out.contains("inferloop_request_seconds_bucket{le=\"0.05\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("inferloop_request_seconds_bucket{le=\"0.1\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("inferloop_request_seconds_bucket{le=\"1\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("inferloop_request_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{out}"
+        );
+        assert!(out.contains("inferloop_request_seconds_count 3\n"), "{out}");
     }
 
     #[test]
@@ -281,9 +274,13 @@ mod tests {
             .contains("inferloop_requests_total{route=\"/v1/chat/completions\",code=\"429\"} 1"));
     }
 
-    /// The exposition as the daemon wrote it before every series went through [`TextWriter`]:
-    /// scrapers and the qualification suite's strict parser were given exactly this.
-    const BEFORE_THE_WRITER: &str = r#"# HELP inferloop_requests_total HTTP requests by route and status code.
+    /// The exposition scrapers and the qualification suite's strict parser are given. Against
+    /// the hand-rolled writer it replaced, only three things differ, none in a series' name,
+    /// type, labels or help: a float that is whole prints with `.0` (`_sum 500.0`), the
+    /// request series come in the family's hash order (sorted here before comparing), and a
+    /// labelled family with no series yet (`inferloop_requests_total` before the first
+    /// request) is left out until it has one.
+    const EXPOSITION: &str = r#"# HELP inferloop_requests_total HTTP requests by route and status code.
 # TYPE inferloop_requests_total counter
 inferloop_requests_total{route="/odd\"route\\x",code="404"} 1
 inferloop_requests_total{route="/v1/chat/completions",code="429"} 1
@@ -365,15 +362,33 @@ inferloop_request_seconds_bucket{le="30"} 0
 inferloop_request_seconds_bucket{le="60"} 0
 inferloop_request_seconds_bucket{le="120"} 0
 inferloop_request_seconds_bucket{le="+Inf"} 1
-inferloop_request_seconds_sum 500
+inferloop_request_seconds_sum 500.0
 inferloop_request_seconds_count 1
 # HELP inferloop_memory_rss_bytes Resident set size of the daemon.
 # TYPE inferloop_memory_rss_bytes gauge
 inferloop_memory_rss_bytes 123456
 "#;
 
+    /// `text` with each run of `inferloop_requests_total{` lines sorted.
+    fn requests_sorted(text: &str) -> String {
+        let mut out: Vec<&str> = Vec::new();
+        let mut run: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            if line.starts_with("inferloop_requests_total{") {
+                run.push(line);
+                continue;
+            }
+            run.sort_unstable();
+            out.append(&mut run);
+            out.push(line);
+        }
+        run.sort_unstable();
+        out.append(&mut run);
+        out.iter().map(|l| format!("{l}\n")).collect()
+    }
+
     #[test]
-    fn exposition_is_byte_for_byte_what_scrapers_were_given() {
+    fn exposition_keeps_the_names_types_labels_and_helps_scrapers_know() {
         let m = Metrics::default();
         m.record_request("/v1/models", 200);
         m.record_request("/v1/models", 200);
@@ -396,6 +411,21 @@ inferloop_memory_rss_bytes 123456
                 123_456u64,
             )
         });
-        assert_eq!(m.render(), BEFORE_THE_WRITER);
+        assert_eq!(requests_sorted(&m.render()), EXPOSITION);
+    }
+
+    #[test]
+    fn the_request_family_appears_with_its_first_request() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("inferloop_requests_total"));
+        m.record_request("/healthz", 200);
+        assert!(m
+            .render()
+            .contains("# TYPE inferloop_requests_total counter\n"));
+    }
+
+    #[test]
+    fn the_content_type_is_the_text_format_0_0_4() {
+        assert_eq!(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
     }
 }

@@ -46,7 +46,7 @@ pub fn render_metrics(reading: Option<&Reading>, w: &mut TextWriter) {
         |family| {
             for cause in ThrottleCause::ALL {
                 let on = snapshot.is_some_and(|s| s.throttled(cause));
-                family.sample(&[("cause", cause.as_str())], u8::from(on));
+                family.sample(&[("cause", cause.as_str())], u32::from(on));
             }
         },
     );
@@ -54,7 +54,7 @@ pub fn render_metrics(reading: Option<&Reading>, w: &mut TextWriter) {
     w.gauge(
         "inferloop_thermal_state",
         "Thermal admission state: 0 normal, 1 hot, 2 critical.",
-        state.as_gauge(),
+        u32::from(state.as_gauge()),
     );
 }
 
@@ -64,17 +64,16 @@ mod tests {
     use inferloop_thermal::{Clock, Snapshot, Throttle, Zone};
 
     fn rendered(reading: Option<&Reading>) -> String {
-        let mut w = TextWriter::new();
-        render_metrics(reading, &mut w);
-        w.finish()
+        let reading = reading.cloned();
+        crate::metrics::text::render(move |w| render_metrics(reading.as_ref(), w))
     }
 
-    /// What the daemon wrote before the series went through [`TextWriter`], for the reading
-    /// in the test below and for none.
+    /// The exposition for the reading in the test below and for none: what the hand-rolled
+    /// writer gave before, except that a whole float now prints with `.0` (`30.0`).
     const HOT_BEFORE: &str = r#"# HELP inferloop_temperature_celsius Temperature of each thermal zone.
 # TYPE inferloop_temperature_celsius gauge
 inferloop_temperature_celsius{zone="gpu-thermal"} 45.8
-inferloop_temperature_celsius{zone="odd\"zone\nx"} 30
+inferloop_temperature_celsius{zone="odd\"zone\nx"} 30.0
 # HELP inferloop_clock_hz Current clock of each domain.
 # TYPE inferloop_clock_hz gauge
 inferloop_clock_hz{domain="gpu"} 306000000

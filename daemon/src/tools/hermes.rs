@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
+use super::call::{call_of, Out, Spacer};
 use super::scan::{head, Head};
-use super::{call_of, Out, Spacer};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";

@@ -7,8 +7,9 @@
 //! A forced reply (see [`ToolUse::grammar`](super::ToolUse::grammar)) has no marker: a
 //! Mistral reply that opens with a list of objects is taken as that list.
 
+use super::call::{call_of, Out, Spacer};
+use super::format::{MISTRAL_CALLS, PYTHON_TAG};
 use super::scan::{head, value_end, Head};
-use super::{call_of, Out, Spacer, MISTRAL_CALLS, PYTHON_TAG};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Form {

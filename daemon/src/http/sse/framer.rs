@@ -1,29 +1,16 @@
-//! Server-sent events in the OpenAI shape: role first, one constant id, `finish_reason` on the
-//! final choice chunk, an optional usage chunk, then `data: [DONE]`.
+//! The OpenAI chunks of a stream, each framed as one `data:` event: role first, one constant
+//! id, `finish_reason` on the final choice chunk, an optional usage chunk, then `[DONE]`.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
-use axum::body::Body;
-use axum::http::{header, HeaderValue};
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::watch;
 
-use super::error::ApiError;
-use super::wire::{
+use crate::engine::{FinishReason, Timings, TokenLogprob, Usage};
+use crate::http::error::ApiError;
+use crate::http::wire::{
     ChatChunk, ChatLogprobs, ChunkChoice, CompletionChunk, CompletionChunkChoice,
-    CompletionLogprobs, Delta, FunctionDelta, ToolCallDelta,
+    CompletionLogprobs, Delta, FunctionDelta, ToolCallDelta, FINGERPRINT,
 };
-use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
 use crate::tools::{Format, Out, ToolStream};
-
-/// A comment line sent when nothing else was, so proxies and clients keep the stream open
-/// through a long queue wait or prefill.
-pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -224,7 +211,7 @@ impl Framer {
                     object: "chat.completion.chunk",
                     created: self.created,
                     model: &self.model,
-                    system_fingerprint: super::generate::FINGERPRINT,
+                    system_fingerprint: FINGERPRINT,
                     choices: Vec::new(),
                     usage: Some(Some(usage)),
                     timings: None,
@@ -234,7 +221,7 @@ impl Framer {
                     object: "text_completion",
                     created: self.created,
                     model: &self.model,
-                    system_fingerprint: super::generate::FINGERPRINT,
+                    system_fingerprint: FINGERPRINT,
                     choices: Vec::new(),
                     usage: Some(Some(usage)),
                     timings: None,
@@ -267,7 +254,7 @@ impl Framer {
             object: "chat.completion.chunk",
             created: self.created,
             model: &self.model,
-            system_fingerprint: super::generate::FINGERPRINT,
+            system_fingerprint: FINGERPRINT,
             choices: vec![ChunkChoice {
                 index: 0,
                 delta,
@@ -300,7 +287,7 @@ impl Framer {
             object: "text_completion",
             created: self.created,
             model: &self.model,
-            system_fingerprint: super::generate::FINGERPRINT,
+            system_fingerprint: FINGERPRINT,
             choices: vec![CompletionChunkChoice {
                 index: 0,
                 text,
@@ -326,68 +313,8 @@ fn frame(v: &impl Serialize) -> Bytes {
     }
 }
 
-fn error_frame(e: &ApiError) -> Bytes {
+pub(super) fn error_frame(e: &ApiError) -> Bytes {
     Bytes::from(format!("data: {}\n\n", e.to_json()))
-}
-
-/// Turns the engine's events into the SSE body. Dropping the body (client gone) drops the
-/// receiver, which the decode thread sees after its current step. `cancel` ends the stream
-/// with a `shutting_down` error frame at once when shutdown gives up on it.
-pub fn events_to_body(
-    framer: Framer,
-    opening: Option<Bytes>,
-    events: UnboundedReceiver<Event>,
-    cancel: watch::Receiver<bool>,
-    keepalive: Duration,
-) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    let rest = stream::unfold(Some((events, framer, cancel)), move |state| async move {
-        let (mut events, mut framer, mut cancel) = state?;
-        let shutting_down = || {
-            let e: ApiError = EngineError::ShuttingDown.into();
-            error_frame(&e)
-        };
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
-                next = tokio::time::timeout(keepalive, events.recv()) => next,
-            };
-            let bytes = match next {
-                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
-                Ok(Some(Event::Admitted { .. })) => continue,
-                Ok(Some(Event::Text { text, logprobs })) => {
-                    let bytes = framer.text(&text, &logprobs);
-                    // The tool parser may hold all of it back for now.
-                    if bytes.is_empty() {
-                        continue;
-                    }
-                    bytes
-                }
-                Ok(Some(Event::Finished {
-                    reason,
-                    usage,
-                    timings,
-                })) => return Some((framer.closing(reason, usage, timings), None)),
-                Ok(Some(Event::Failed(e))) => return Some((error_frame(&e.into()), None)),
-                Ok(None) => return Some((shutting_down(), None)),
-            };
-            return Some((bytes, Some((events, framer, cancel))));
-        }
-    });
-    stream::iter(opening).chain(rest).map(Ok)
-}
-
-pub fn response(body: impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
-    let mut resp = Body::from_stream(body).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // Tell nginx-style proxies not to buffer the stream.
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
 }
 
 #[cfg(test)]

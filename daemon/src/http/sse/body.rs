@@ -1,0 +1,81 @@
+//! The streamed response body: engine events turned into framed chunks, keep-alive comments
+//! while nothing else is sent, and the SSE headers.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::stream::{self, Stream, StreamExt};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+
+use super::framer::{error_frame, Framer};
+use crate::engine::{EngineError, Event};
+use crate::http::error::ApiError;
+
+/// A comment line sent when nothing else was, so proxies and clients keep the stream open
+/// through a long queue wait or prefill.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+
+/// Turns the engine's events into the SSE body. Dropping the body (client gone) drops the
+/// receiver, which the decode thread sees after its current step. `cancel` ends the stream
+/// with a `shutting_down` error frame at once when shutdown gives up on it.
+pub fn events_to_body(
+    framer: Framer,
+    opening: Option<Bytes>,
+    events: UnboundedReceiver<Event>,
+    cancel: watch::Receiver<bool>,
+    keepalive: Duration,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let rest = stream::unfold(Some((events, framer, cancel)), move |state| async move {
+        let (mut events, mut framer, mut cancel) = state?;
+        let shutting_down = || {
+            let e: ApiError = EngineError::ShuttingDown.into();
+            error_frame(&e)
+        };
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
+                next = tokio::time::timeout(keepalive, events.recv()) => next,
+            };
+            let bytes = match next {
+                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
+                Ok(Some(Event::Admitted { .. })) => continue,
+                Ok(Some(Event::Text { text, logprobs })) => {
+                    let bytes = framer.text(&text, &logprobs);
+                    // The tool parser may hold all of it back for now.
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    bytes
+                }
+                Ok(Some(Event::Finished {
+                    reason,
+                    usage,
+                    timings,
+                })) => return Some((framer.closing(reason, usage, timings), None)),
+                Ok(Some(Event::Failed(e))) => return Some((error_frame(&e.into()), None)),
+                Ok(None) => return Some((shutting_down(), None)),
+            };
+            return Some((bytes, Some((events, framer, cancel))));
+        }
+    });
+    stream::iter(opening).chain(rest).map(Ok)
+}
+
+pub fn response(body: impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
+    let mut resp = Body::from_stream(body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Tell nginx-style proxies not to buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}

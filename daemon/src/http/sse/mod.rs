@@ -1,0 +1,8 @@
+//! Server-sent events in the OpenAI shape: [`framer`] builds the chunks, [`body`] streams
+//! them as the response.
+
+mod body;
+mod framer;
+
+pub use body::{events_to_body, response, KEEPALIVE_EVERY};
+pub use framer::{Framer, Shape, ToolFramer};
