@@ -7,25 +7,22 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
-pub mod constraint;
+pub mod chat;
 #[cfg(test)]
 mod fake;
 pub mod footprint;
 mod llama;
 pub mod logprobs;
-pub mod model;
 pub mod native;
 mod open;
 pub mod plan;
 mod prefix;
-pub mod prompt;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;
 pub mod select;
 mod sequence;
 pub mod state;
-pub mod template;
 pub mod text;
 mod thread;
 
@@ -36,6 +33,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 pub use backend::{Capabilities, Device};
+pub use chat::{constraint, model, prompt, template};
 pub use model::{llama_system_info, LoadedModel, ModelInfo};
 pub use open::open_native;
 pub use plan::{EnginePlan, PlanSpec};

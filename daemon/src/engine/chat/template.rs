@@ -319,7 +319,7 @@ impl JsonStyle {
 /// A JSON string as Python writes it with `ensure_ascii=False`.
 fn quote(s: &str, out: &mut String) {
     out.push('"');
-    json_escape(&crate::engine::prompt::mark_json_sentinels(s), out);
+    json_escape(&super::prompt::mark_json_sentinels(s), out);
     out.push('"');
 }
 

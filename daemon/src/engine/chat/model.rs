@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::constraint::{Compiler, Constraint, Grammar};
 use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
 use super::template::{ChatTemplate, JinjaTemplate};
-use super::EngineError;
+use crate::engine::EngineError;
 use crate::tools::{Format, PastCall, ToolUse};
 
 /// Facts about the model that the API and status routes report.
