@@ -7,25 +7,22 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
-pub mod constraint;
+pub mod chat;
 #[cfg(test)]
 mod fake;
 pub mod footprint;
 mod llama;
 pub mod logprobs;
-pub mod model;
 pub mod native;
 mod open;
 pub mod plan;
 mod prefix;
-pub mod prompt;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;
 pub mod select;
 mod sequence;
 pub mod state;
-pub mod template;
 pub mod text;
 mod thread;
 
@@ -36,13 +33,28 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 pub use backend::{Capabilities, Device};
-pub use model::{llama_system_info, LoadedModel, ModelInfo};
+pub use chat::{constraint, template};
+pub use chat::{llama_system_info, LoadedModel, ModelInfo};
 pub use open::open_native;
 pub use plan::{EnginePlan, PlanSpec};
 pub use select::Selection;
 
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
+
+/// The chat path's items at their paths from before it had its own folder ([`chat`]), for
+/// callers not yet moved.
+pub mod model {
+    pub(crate) use super::chat::model::llama_backend;
+    pub use super::chat::model::{llama_system_info, LoadedModel, ModelInfo};
+    pub use super::chat::ChatTurn;
+}
+
+/// See [`model`](self::model): `prompt`'s old paths.
+pub mod prompt {
+    pub use super::chat::prompt::{chat, render_marked, text, Piece};
+    pub use super::chat::{Limit, Prompt, PromptBounds, PromptError, Vocabulary};
+}
 
 /// Errors the engine reports for one request or at start-up.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -10,11 +10,15 @@ use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use serde::Serialize;
 
+use super::bounds::{Limit, PromptBounds};
 use super::constraint::{Compiler, Constraint, Grammar};
-use super::prompt::{self, Limit, Prompt, PromptBounds, PromptError, Vocabulary};
+use super::error::PromptError;
+use super::prompt;
 use super::template::{ChatTemplate, JinjaTemplate};
-use super::EngineError;
-use crate::tools::{Format, PastCall, ToolUse};
+use super::tokens::{Prompt, Vocabulary};
+use super::turn::ChatTurn;
+use crate::engine::EngineError;
+use crate::tools::{Format, ToolUse};
 
 /// Facts about the model that the API and status routes report.
 #[derive(Debug, Clone, Serialize)]
@@ -53,17 +57,6 @@ pub fn llama_system_info() -> &'static str {
         let raw = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
         raw.to_string_lossy().trim().to_string()
     })
-}
-
-/// A chat message after validation: role and plain text content, plus an assistant turn's
-/// earlier calls (written into its text in the model family's form when rendered) and the
-/// call a `tool` turn answers (templates such as Mistral's read it).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChatTurn {
-    pub role: String,
-    pub content: String,
-    pub tool_calls: Vec<PastCall>,
-    pub tool_call_id: Option<String>,
 }
 
 /// The model plus the llama.cpp backend it was loaded with.
@@ -351,7 +344,7 @@ fn choose_template(model: &LlamaModel, text: &str, origin: &str) -> Result<ChatT
             .to_string()
     };
     let (bos, eos) = (special(vocab.bos()), special(vocab.eos()));
-    let probe = [super::model::ChatTurn {
+    let probe = [ChatTurn {
         role: "user".into(),
         content: "x".into(),
         ..Default::default()
