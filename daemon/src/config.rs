@@ -256,6 +256,11 @@ pub struct ServeLayer {
     /// Fraction of the slots that may decode at once while hot (rounded down, at least 1).
     #[arg(long)]
     pub hot_fraction: Option<f64>,
+    /// Test-only fault hook, set by `INFERLOOP_DEBUG_STALL_FILE` alone (no flag, no file
+    /// key): while this file exists the decode loop blocks (the VM's systemd watchdog test).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub debug_stall_file: Option<PathBuf>,
 }
 
 /// Final, checked settings.
@@ -296,6 +301,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     pub read_timeout: Duration,
     pub thermal: ThermalSettings,
+    /// `INFERLOOP_DEBUG_STALL_FILE` (see [`ServeLayer::debug_stall_file`]).
+    pub debug_stall_file: Option<PathBuf>,
 }
 
 /// Board and thermal-watch settings. Thresholds left `None` come from the sysfs trip points
@@ -546,6 +553,7 @@ impl ServeConfig {
             max_body_bytes,
             read_timeout,
             thermal,
+            debug_stall_file: l.debug_stall_file,
         })
     }
 }

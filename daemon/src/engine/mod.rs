@@ -7,6 +7,7 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
+pub mod clock;
 pub mod constraint;
 #[cfg(test)]
 mod fake;
@@ -17,6 +18,7 @@ pub mod native;
 pub mod plan;
 mod prefix;
 pub mod prompt;
+pub mod sampling_chain;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;
@@ -230,9 +232,11 @@ impl Engine {
         thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
         let thread_model = model.clone();
-        let core = thread::spawn(plan, metrics, thermal, move |runner| {
+        let thread_plan = plan.clone();
+        let clock = Arc::new(clock::SystemClock);
+        let core = thread::spawn(plan.clone(), metrics, thermal, clock, move |runner| {
             let model = thread_model;
-            match llama::LlamaCpp::new(&model, &plan) {
+            match llama::LlamaCpp::new(&model, &thread_plan) {
                 Ok(backend) => runner.run(backend, &*model),
                 Err(e) => runner.fail(e),
             };
@@ -250,7 +254,8 @@ impl Engine {
         thermal: ThermalGate,
     ) -> Result<Self, EngineError> {
         let vocab = model.clone();
-        let core = thread::spawn(plan, metrics, thermal, move |runner| {
+        let clock = Arc::new(clock::SystemClock);
+        let core = thread::spawn(plan.clone(), metrics, thermal, clock, move |runner| {
             runner.run(native::NativeBackend::new(native), &*vocab)
         })?;
         Ok(Self { core, model, plan })
@@ -266,7 +271,8 @@ impl Engine {
 
     /// How long since the decode loop last went round (`None` before its first turn).
     pub fn since_heartbeat(&self) -> Option<Duration> {
-        self.load().beat.map(|t| t.elapsed())
+        let now = self.core.now();
+        self.load().beat.map(|t| now.saturating_duration_since(t))
     }
 
     pub fn load(&self) -> Load {
