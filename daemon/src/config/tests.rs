@@ -602,4 +602,3 @@ fn the_debug_stall_file_is_no_file_key() {
         .expect_err("test-only hook: environment only");
     assert!(err.to_string().contains("debug_stall_file"), "{err}");
 }
-

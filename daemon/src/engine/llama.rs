@@ -350,7 +350,11 @@ mod tests {
             let built: Vec<String> = stages
                 .iter()
                 .filter_map(|&s| stage_sampler(s, &p, n_vocab))
-                .map(|s| s.name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+                .map(|s| {
+                    s.name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
                 .collect();
             let want: Vec<&str> = stages.iter().map(|&s| llama_name(s)).collect();
             assert_eq!(built, want, "{p:?}");

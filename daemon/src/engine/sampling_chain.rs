@@ -21,7 +21,10 @@ pub enum Stage {
     LogitBias,
     /// `logit -= count × frequency + (count > 0) × presence` over the last
     /// [`PENALTY_LAST_N`] sampled tokens.
-    Penalties { frequency: f32, presence: f32 },
+    Penalties {
+        frequency: f32,
+        presence: f32,
+    },
     /// Masks the tokens a grammar forbids (`response_format`, forced tool calls). After the
     /// bias and penalties, before truncation: top-k and top-p then choose among allowed
     /// tokens, never among ones the grammar would mask afterwards.
@@ -33,7 +36,9 @@ pub enum Stage {
     MinP(f32),
     Temperature(f32),
     /// A draw from what is left, from a random stream seeded per request. Ends the chain.
-    Dist { seed: u32 },
+    Dist {
+        seed: u32,
+    },
 }
 
 /// The stages `p` switches on, in the order both backends apply them. Settings at their

@@ -94,7 +94,10 @@ impl Rig {
     }
 
     /// Hands a request to the scheduler as its thread would; the reply comes at once.
-    fn submit(&mut self, request: GenerationRequest) -> Result<UnboundedReceiver<Event>, EngineError> {
+    fn submit(
+        &mut self,
+        request: GenerationRequest,
+    ) -> Result<UnboundedReceiver<Event>, EngineError> {
         let (events, rx) = mpsc::unbounded_channel();
         let (accepted, mut reply) = oneshot::channel();
         assert!(self.s.handle(Command::Submit {
@@ -548,10 +551,8 @@ fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
 fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
     let mut r = rig(plan(2, 2));
     let mut first = r.submit(r.request(300, 2)).expect("slot");
-    assert!(
-        matches!(r.last(&mut first).1, Event::Finished { usage, .. }
-        if usage.prompt_tokens_details.cached_tokens == 0)
-    );
+    assert!(matches!(r.last(&mut first).1, Event::Finished { usage, .. }
+        if usage.prompt_tokens_details.cached_tokens == 0));
     // Same prompt again: the idle slot that holds it takes it, all but the last tile reused.
     let mut again = r.submit(r.request(300, LONG)).expect("slot");
     while !matches!(r.next(&mut again), Event::Text { .. }) {}
@@ -624,10 +625,8 @@ fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
     let mut r = rig(p);
     for _ in 0..2 {
         let mut rx = r.submit(r.request(300, 2)).expect("slot");
-        assert!(
-            matches!(r.last(&mut rx).1, Event::Finished { usage, .. }
-            if usage.prompt_tokens_details.cached_tokens == 0)
-        );
+        assert!(matches!(r.last(&mut rx).1, Event::Finished { usage, .. }
+            if usage.prompt_tokens_details.cached_tokens == 0));
     }
     // The slot is released right after the last event went out.
     assert_eq!(r.load().active, 0);

@@ -220,9 +220,10 @@ impl Sequence {
                 cached_tokens: self.cached,
             },
         };
-        metrics
-            .request_seconds
-            .observe(now.saturating_duration_since(self.received_at).as_secs_f64());
+        metrics.request_seconds.observe(
+            now.saturating_duration_since(self.received_at)
+                .as_secs_f64(),
+        );
         send_or_log(
             &self.events,
             Event::Finished {

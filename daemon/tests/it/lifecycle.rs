@@ -297,7 +297,11 @@ fn the_debug_stall_file_withholds_watchdog_pings_until_it_is_removed() {
     sock.set_read_timeout(Some(Duration::from_secs(1)))
         .expect("timeout");
     match recv() {
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
         other => panic!("no notification while stalled, got {other:?}"),
     }
     std::fs::remove_file(&stall).expect("remove the stall file");
