@@ -70,6 +70,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     pub read_timeout: Duration,
     pub thermal: ThermalSettings,
+    /// `INFERLOOP_DEBUG_STALL_FILE` (see [`ServeLayer::debug_stall_file`]).
+    pub debug_stall_file: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -191,6 +193,7 @@ impl ServeConfig {
             max_body_bytes,
             read_timeout,
             thermal,
+            debug_stall_file: l.debug_stall_file,
         })
     }
 }

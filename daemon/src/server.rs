@@ -71,7 +71,7 @@ pub async fn run(
 
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
-    let plan = boot.plan;
+    let plan = boot.plan.clone();
     let selection = boot.selection.clone();
     let boot = Arc::new(boot);
     register_boot_metrics(&metrics, boot.clone());

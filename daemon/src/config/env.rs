@@ -6,6 +6,12 @@ use std::path::{Path, PathBuf};
 use super::error::ConfigError;
 use super::layer::ServeLayer;
 
+/// Test-only fault hook for the systemd watchdog test (`make vm-test`): while the file this
+/// variable names exists, the decode loop blocks, its heartbeat goes stale and the daemon
+/// withholds `WATCHDOG=1`. Inert when unset; the image never sets it (the VM test adds a
+/// runtime drop-in under /run).
+pub const DEBUG_STALL_ENV: &str = "INFERLOOP_DEBUG_STALL_FILE";
+
 impl ServeLayer {
     /// Overlays `other` on `self`: fields set in `other` win.
     pub(super) fn overlay(self, other: ServeLayer) -> ServeLayer {
@@ -42,6 +48,7 @@ impl ServeLayer {
             critical_celsius: other.critical_celsius.or(self.critical_celsius),
             hysteresis_celsius: other.hysteresis_celsius.or(self.hysteresis_celsius),
             hot_fraction: other.hot_fraction.or(self.hot_fraction),
+            debug_stall_file: other.debug_stall_file.or(self.debug_stall_file),
         }
     }
 
@@ -102,6 +109,7 @@ impl ServeLayer {
             critical_celsius: parse(&get, "INFERLOOP_CRITICAL_CELSIUS")?,
             hysteresis_celsius: parse(&get, "INFERLOOP_HYSTERESIS_CELSIUS")?,
             hot_fraction: parse(&get, "INFERLOOP_HOT_FRACTION")?,
+            debug_stall_file: get(DEBUG_STALL_ENV).map(PathBuf::from),
         })
     }
 

@@ -128,4 +128,9 @@ pub struct ServeLayer {
     /// Fraction of the slots that may decode at once while hot (rounded down, at least 1).
     #[arg(long)]
     pub hot_fraction: Option<f64>,
+    /// Test-only fault hook, set by `INFERLOOP_DEBUG_STALL_FILE` alone (no flag, no file
+    /// key): while this file exists the decode loop blocks (the VM's systemd watchdog test).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub debug_stall_file: Option<PathBuf>,
 }

@@ -600,3 +600,10 @@ fn an_unknown_backend_or_device_names_the_variable_or_fails_the_file() {
     assert!(err.to_string().contains("INFERLOOP_DEVICE"), "{err}");
     assert!(toml::from_str::<ServeLayer>("device = \"tpu\"\n").is_err());
 }
+
+#[test]
+fn the_debug_stall_file_is_no_file_key() {
+    let err = toml::from_str::<ServeLayer>("debug_stall_file = \"/run/stall\"\n")
+        .expect_err("test-only hook: environment only");
+    assert!(err.to_string().contains("debug_stall_file"), "{err}");
+}

@@ -1,11 +1,14 @@
-//! A backend for the scheduler's tests: deterministic tokens, a configurable step time,
-//! injectable failures, and a log of what the scheduler asked of it. No model needed.
+//! A backend for the scheduler's tests: deterministic tokens, a step that takes virtual time
+//! (it advances the test's [`ManualClock`], it never sleeps), injectable failures, and a log
+//! of what the scheduler asked of it. No model needed.
 
 use std::collections::HashSet;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::clock::ManualClock;
 use super::logprobs::TokenLogprobs;
 use super::SamplingParams;
 
@@ -15,6 +18,7 @@ pub const END: i32 = 2;
 /// What a test controls and observes, shared with the backend on the scheduler thread.
 #[derive(Debug, Default)]
 pub struct Control {
+    /// How far each step moves the clock.
     pub step_time: Duration,
     /// Sequences whose next work fails with a sequence error (once each).
     pub fail_seqs: HashSet<SeqId>,
@@ -24,6 +28,8 @@ pub struct Control {
     pub fail_open: bool,
     /// Emit [`END`] once a sequence has generated this many tokens.
     pub end_after: Option<u32>,
+    /// The next step reports its start on the first and waits for the second.
+    pub hold: Option<(Sender<()>, Receiver<()>)>,
     pub log: Log,
 }
 
@@ -46,18 +52,20 @@ pub struct Log {
     pub mixed: u64,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Fake {
     pub control: Arc<Mutex<Control>>,
+    clock: ManualClock,
     generated: Vec<u32>,
     /// Per sequence, the `logprobs` it was opened with.
     logprobs: Vec<Option<u8>>,
 }
 
 impl Fake {
-    pub fn new(slots: usize, step_time: Duration) -> Self {
+    pub fn new(slots: usize, clock: ManualClock, step_time: Duration) -> Self {
         let fake = Self {
             control: Arc::default(),
+            clock,
             generated: vec![0; slots],
             logprobs: vec![None; slots],
         };
@@ -72,6 +80,15 @@ impl Fake {
 
     pub fn log(&self) -> Log {
         self.with(|c| c.log.clone())
+    }
+
+    /// Holds the next step on the scheduler's thread: the first receiver hears when it
+    /// begins, and it goes on once the sender sends (or is dropped).
+    pub fn hold_next_step(&self) -> (Receiver<()>, Sender<()>) {
+        let (entered_tx, entered) = channel();
+        let (release, release_rx) = channel();
+        self.with(|c| c.hold = Some((entered_tx, release_rx)));
+        (entered, release)
     }
 }
 
@@ -94,8 +111,14 @@ impl Backend for Fake {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        let step_time = self.with(|c| c.step_time);
-        std::thread::sleep(step_time);
+        let (step_time, hold) = self.with(|c| (c.step_time, c.hold.take()));
+        if let Some((entered, release)) = hold {
+            if entered.send(()).is_ok() {
+                // Released or abandoned by the test: either way the step goes on.
+                release.recv().ok();
+            }
+        }
+        self.clock.advance(step_time);
         let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
         c.log.steps += 1;
         c.log.widest = c.log.widest.max(plan.work.len());

@@ -15,6 +15,7 @@ use super::backend::{
 };
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::plan::EnginePlan;
+use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
 use super::{EngineError, LoadedModel, SamplingParams};
 
 /// llama.cpp on the CPU: grammars through llguidance, a unified KV pool, its own weights.
@@ -234,44 +235,164 @@ impl Vocab for LoadedModel {
     }
 }
 
+/// llama.cpp's sampler for `p`: one llama.cpp sampler per stage of the shared chain.
 fn build_sampler(p: &SamplingParams, n_vocab: i32) -> LlamaSampler {
-    let mut chain = Vec::new();
-    if !p.logit_bias.is_empty() {
-        let bias: Vec<LlamaLogitBias> = p
-            .logit_bias
-            .iter()
-            .map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b))
-            .collect();
-        chain.push(LlamaSampler::logit_bias(n_vocab, &bias));
-    }
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        chain.push(LlamaSampler::penalties(
+    LlamaSampler::chain_simple(
+        sampling_chain::stages(p)
+            .into_iter()
+            .filter_map(|stage| stage_sampler(stage, p, n_vocab)),
+    )
+}
+
+/// The llama.cpp sampler that runs `stage` of `p`'s chain (`None` only for a grammar stage
+/// without a grammar, which `stages` never lists).
+fn stage_sampler(stage: Stage, p: &SamplingParams, n_vocab: i32) -> Option<LlamaSampler> {
+    Some(match stage {
+        Stage::LogitBias => {
+            let bias: Vec<LlamaLogitBias> = p
+                .logit_bias
+                .iter()
+                .map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b))
+                .collect();
+            LlamaSampler::logit_bias(n_vocab, &bias)
+        }
+        Stage::Penalties {
+            frequency,
+            presence,
+        } => LlamaSampler::penalties(
             n_vocab,
-            64,
-            1.0,
-            p.frequency_penalty,
-            p.presence_penalty,
-        ));
-    }
-    // After the bias and penalties, before truncation: top-k and top-p then choose among
-    // the tokens the grammar allows, never among ones it would mask afterwards.
-    if let Some(c) = &p.constraint {
-        chain.push(c.sampler());
-    }
-    if p.temperature <= 0.0 {
-        chain.push(LlamaSampler::greedy());
-    } else {
-        if p.top_k > 0 {
-            chain.push(LlamaSampler::top_k(p.top_k));
+            PENALTY_LAST_N as i32,
+            PENALTY_REPEAT,
+            frequency,
+            presence,
+        ),
+        Stage::Grammar => p.constraint.as_ref()?.sampler(),
+        Stage::Greedy => LlamaSampler::greedy(),
+        Stage::TopK(k) => LlamaSampler::top_k(k),
+        Stage::TopP(q) => LlamaSampler::top_p(q, MIN_KEEP),
+        Stage::MinP(q) => LlamaSampler::min_p(q, MIN_KEEP),
+        Stage::Temperature(t) => LlamaSampler::temp(t),
+        Stage::Dist { seed } => LlamaSampler::dist(seed),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use llama_cpp_2::token::data::LlamaTokenData;
+    use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+
+    use super::*;
+    use crate::engine::native::sampling::Sampler;
+
+    /// No ties, so that "the highest" means one token in both implementations.
+    const ROW: [f32; 8] = [0.5, 2.0, 1.0, 1.7, -1.0, 1.9, 0.25, 1.2];
+
+    /// The llama.cpp sampler each stage must become.
+    fn llama_name(stage: Stage) -> &'static str {
+        match stage {
+            Stage::LogitBias => "logit-bias",
+            Stage::Penalties { .. } => "penalties",
+            Stage::Grammar => "grammar",
+            Stage::Greedy => "greedy",
+            Stage::TopK(_) => "top-k",
+            Stage::TopP(_) => "top-p",
+            Stage::MinP(_) => "min-p",
+            Stage::Temperature(_) => "temp",
+            Stage::Dist { .. } => "dist",
         }
-        if p.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(p.top_p, 1));
-        }
-        if p.min_p > 0.0 {
-            chain.push(LlamaSampler::min_p(p.min_p, 1));
-        }
-        chain.push(LlamaSampler::temp(p.temperature));
-        chain.push(LlamaSampler::dist(p.seed));
     }
-    LlamaSampler::chain_simple(chain)
+
+    /// Settings whose chain picks one token for sure, so that llama.cpp's random stream and
+    /// the native one cannot make the two differ. Penalties are odd numbers so that no two
+    /// penalized logits tie.
+    fn deterministic() -> Vec<SamplingParams> {
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        vec![
+            greedy.clone(),
+            SamplingParams {
+                logit_bias: vec![(1, -5.0), (6, 3.0)],
+                ..greedy.clone()
+            },
+            SamplingParams {
+                frequency_penalty: 0.0703,
+                ..greedy.clone()
+            },
+            SamplingParams {
+                presence_penalty: 0.61,
+                frequency_penalty: 0.0371,
+                logit_bias: vec![(4, 2.5)],
+                ..greedy.clone()
+            },
+            SamplingParams {
+                temperature: 1.5,
+                top_k: 1,
+                frequency_penalty: 0.1337,
+                seed: 11,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 4,
+                top_p: 0.01,
+                presence_penalty: 0.4123,
+                seed: 5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 2.0,
+                min_p: 0.9999,
+                frequency_penalty: 0.0703,
+                logit_bias: vec![(0, 1.0)],
+                seed: 9,
+                ..SamplingParams::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn the_llama_chain_and_the_native_sampler_follow_one_description() {
+        let n_vocab = ROW.len() as i32;
+        for p in deterministic() {
+            let stages = sampling_chain::stages(&p);
+            // The same stages, in order, on both sides.
+            let built: Vec<String> = stages
+                .iter()
+                .filter_map(|&s| stage_sampler(s, &p, n_vocab))
+                .map(|s| {
+                    s.name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
+                .collect();
+            let want: Vec<&str> = stages.iter().map(|&s| llama_name(s)).collect();
+            assert_eq!(built, want, "{p:?}");
+            let mut native = Sampler::new(&p);
+            assert_eq!(native.stages(), stages.as_slice(), "{p:?}");
+            // The same tokens, past the penalty window.
+            let mut chain = build_sampler(&p, n_vocab);
+            let mut tokens = Vec::new();
+            for step in 0..sampling_chain::PENALTY_LAST_N + 16 {
+                let mut cand = LlamaTokenDataArray::from_iter(
+                    ROW.iter()
+                        .enumerate()
+                        .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)),
+                    false,
+                );
+                chain.apply(&mut cand);
+                let token = cand.selected_token().expect("the chain selects a token");
+                chain.accept(token);
+                assert_eq!(native.sample(&ROW), token.0, "step {step} of {p:?}");
+                tokens.push(token.0);
+            }
+            if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+                assert!(
+                    tokens.iter().any(|&t| t != tokens[0]),
+                    "the penalties moved the pick: {p:?}"
+                );
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
+pub mod clock;
 pub mod chat;
 #[cfg(test)]
 mod fake;
@@ -16,6 +17,7 @@ pub mod logprobs;
 pub mod native;
 mod open;
 pub mod plan;
+pub mod sampling_chain;
 mod prefix;
 mod scheduler;
 #[cfg(test)]
@@ -261,9 +263,11 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let thread_model = model.clone();
         let thread_selection = selection.clone();
-        let core = thread::spawn(plan, metrics, thermal, move |runner| {
+        let thread_plan = plan.clone();
+        let clock = Arc::new(clock::SystemClock);
+        let core = thread::spawn(plan.clone(), metrics, thermal, clock, move |runner| {
             let model = thread_model;
-            match open::open(&thread_selection, &plan, &model) {
+            match open::open(&thread_selection, &thread_plan, &model) {
                 Ok(backend) => runner.run(backend, &*model),
                 Err(e) => runner.fail(e),
             };
@@ -296,7 +300,8 @@ impl Engine {
 
     /// How long since the decode loop last went round (`None` before its first turn).
     pub fn since_heartbeat(&self) -> Option<Duration> {
-        self.load().beat.map(|t| t.elapsed())
+        let now = self.core.now();
+        self.load().beat.map(|t| now.saturating_duration_since(t))
     }
 
     pub fn load(&self) -> Load {

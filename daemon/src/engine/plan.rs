@@ -1,6 +1,7 @@
 //! The engine's shape, derived once from the validated config: what the memory ledger sizes,
 //! what the backend allocates, and what `/v1/status` and `/metrics` report are one value.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -13,7 +14,7 @@ use crate::metrics::text::TextWriter;
 /// term (sized by the micro-batch) covers the widest step.
 pub const STEP_TOKENS: u32 = 512;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EnginePlan {
     /// Sequences decoded at once (one backend sequence each).
     pub slots: usize,
@@ -40,11 +41,15 @@ pub struct EnginePlan {
     pub prefix_slots: usize,
     #[serde(skip)]
     pub queue_timeout: Duration,
+    /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
+    /// loop blocks, so its heartbeat goes stale (the VM's systemd watchdog test).
+    #[serde(skip)]
+    pub debug_stall_file: Option<PathBuf>,
 }
 
 /// What a plan is derived from: the settings as given, before any default that depends on
 /// the others (the pool size, the prefix slots) is filled in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanSpec {
     pub slots: usize,
     pub queue: usize,
@@ -56,6 +61,7 @@ pub struct PlanSpec {
     /// `None`: twice the slots in a shared pool (where they cost no memory), else none.
     pub prefix_slots: Option<usize>,
     pub queue_timeout: Duration,
+    pub debug_stall_file: Option<PathBuf>,
 }
 
 impl PlanSpec {
@@ -70,6 +76,7 @@ impl PlanSpec {
             prefix_cache: PrefixCache::On,
             prefix_slots: None,
             queue_timeout: Duration::from_secs(30),
+            debug_stall_file: None,
         }
     }
 }
@@ -89,6 +96,7 @@ impl EnginePlan {
             prefix_cache: config.prefix_cache,
             prefix_slots: config.prefix_slots,
             queue_timeout: config.queue_timeout,
+            debug_stall_file: config.debug_stall_file.clone(),
         })
     }
 
@@ -137,6 +145,7 @@ impl EnginePlan {
             prefix_cache: spec.prefix_cache,
             prefix_slots,
             queue_timeout: spec.queue_timeout,
+            debug_stall_file: spec.debug_stall_file,
         })
     }
 
@@ -270,6 +279,18 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_debug_stall_hook_comes_from_the_environment_into_the_plan() {
+        let env = ServeLayer::from_env(|k| {
+            (k == "INFERLOOP_DEBUG_STALL_FILE").then(|| "/run/stall".to_string())
+        })
+        .expect("valid");
+        let config = ServeConfig::resolve(None, ServeLayer::default(), env).expect("valid");
+        let p = EnginePlan::from_config(&config).expect("valid");
+        assert_eq!(p.debug_stall_file, Some("/run/stall".into()));
+        assert_eq!(plan(1, 512, None).debug_stall_file, None);
     }
 
     #[test]

@@ -9,11 +9,12 @@
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inferloop_thermal::ThermalState;
 
 use super::backend::{Backend, StepPlan, Vocab, Work};
+use super::clock::Clock;
 use super::plan::EnginePlan;
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
@@ -27,12 +28,6 @@ mod reuse;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
-
-/// Test-only fault hook for the systemd watchdog test (`make vm-test`): while the file this
-/// variable names exists, the decode loop blocks, its heartbeat goes stale and the daemon
-/// withholds `WATCHDOG=1`. Inert when unset; the image never sets it (the VM test adds a
-/// runtime drop-in under /run).
-pub const DEBUG_STALL_ENV: &str = "INFERLOOP_DEBUG_STALL_FILE";
 
 pub(super) struct Scheduler<'v, B> {
     backend: B,
@@ -48,8 +43,8 @@ pub(super) struct Scheduler<'v, B> {
     thermal_state: ThermalState,
     /// What each slot's KV cells hold, for prompt reuse.
     prefix: PrefixIndex,
-    /// [`DEBUG_STALL_ENV`], read once at start.
-    stall_file: Option<std::path::PathBuf>,
+    /// Every "now" the scheduler reads: queue waits, timeouts, token times, the heartbeat.
+    clock: Arc<dyn Clock>,
 }
 
 impl<'v, B: Backend> Scheduler<'v, B> {
@@ -60,6 +55,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         metrics: Arc<Metrics>,
         load: Arc<Mutex<Load>>,
         thermal: ThermalGate,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
             state: State::new(
@@ -72,13 +68,13 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             seqs: (0..plan.sequences()).map(|_| None).collect(),
             backend,
             vocab,
-            plan,
             metrics,
             load,
             thermal,
             thermal_state: ThermalState::Normal,
             prefix: PrefixIndex::new(plan.sequences(), plan.prefix_cache),
-            stall_file: std::env::var_os(DEBUG_STALL_ENV).map(Into::into),
+            plan,
+            clock,
         }
     }
 
@@ -112,21 +108,30 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            self.follow_thermal();
-            self.expire_waiters();
-            self.admit_waiters();
-            self.publish_load();
-            if self.state.active() > 0 {
-                self.step();
-                self.drop_departed();
-                self.publish_load();
-            }
+            self.turn();
         }
     }
 
-    /// Blocks while the [`DEBUG_STALL_ENV`] file exists (see there).
+    /// One turn of the loop once the new commands are in: follow the thermal state, expire
+    /// and admit waiters, then one step when anything runs. Tests drive the scheduler
+    /// through this and [`handle`](Self::handle), with no thread.
+    pub(super) fn turn(&mut self) {
+        self.follow_thermal();
+        self.expire_waiters();
+        self.admit_waiters();
+        self.publish_load();
+        if self.state.active() > 0 {
+            self.step();
+            self.drop_departed();
+            self.publish_load();
+        }
+    }
+
+    /// Blocks while the plan's `debug_stall_file` exists (see [`EnginePlan`]).
     fn debug_stall(&self) {
-        let Some(path) = &self.stall_file else { return };
+        let Some(path) = &self.plan.debug_stall_file else {
+            return;
+        };
         if path.exists() {
             tracing::warn!(path = %path.display(), "debug stall file present: decode loop blocked");
             while path.exists() {
@@ -137,7 +142,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     }
 
     /// Returns false when the loop must stop.
-    fn handle(&mut self, cmd: Command) -> bool {
+    pub(super) fn handle(&mut self, cmd: Command) -> bool {
         let Command::Submit {
             request,
             events,
@@ -151,7 +156,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             Some(overheat) => Err(EngineError::from(overheat)),
             None => match self
                 .state
-                .offer(Sequence::waiting(request, events), Instant::now())
+                .offer(Sequence::waiting(request, events), self.clock.now())
             {
                 Ok(()) => Ok(()),
                 Err(_) => Err(EngineError::QueueFull {
@@ -184,7 +189,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     }
 
     fn expire_waiters(&mut self) {
-        let now = Instant::now();
+        let now = self.clock.now();
         self.state.drop_gone();
         for seq in self.state.expire(now) {
             let waited = now.saturating_duration_since(seq.received_at());
@@ -196,7 +201,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     }
 
     fn admit_waiters(&mut self) {
-        let now = Instant::now();
+        let now = self.clock.now();
         loop {
             let prefix = &self.prefix;
             let Some(admitted) = self
@@ -253,7 +258,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 "backend broke the step contract; failing the step"
             );
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         for (i, (slot, n)) in fed.into_iter().enumerate() {
             let Some(seq) = self.seqs[slot].as_mut() else {
                 continue;
@@ -297,7 +302,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             };
             let (why, cells_valid) = match std::mem::replace(&mut seq.phase, Phase::Waiting) {
                 Phase::Finishing(End::Finished(reason)) => {
-                    seq.send_finished(reason, &self.metrics);
+                    seq.send_finished(reason, &self.metrics, self.clock.now());
                     ("finished", true)
                 }
                 Phase::Finishing(End::Failed(e)) => {
@@ -374,7 +379,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 queued,
                 kv_reserved,
                 max_active,
-                beat: Some(Instant::now()),
+                beat: Some(self.clock.now()),
             };
         }
     }

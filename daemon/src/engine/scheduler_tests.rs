@@ -1,25 +1,32 @@
-//! The scheduler's policies on the fake backend: no model, milliseconds per test.
+//! The scheduler's policies on the fake backend, driven one turn at a time on a manual clock:
+//! no model, no thread, no sleep, the same result on a busy machine as on a quiet one. The
+//! last tests run the real thread, kept in step by handshakes.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use inferloop_thermal::ThermalState;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::oneshot;
 
+use super::clock::{Clock, ManualClock};
 use super::fake::{Fake, FakeVocab};
 use super::plan::{EnginePlan, STEP_TOKENS};
-use super::thread::{spawn, Handle};
-use super::{EngineError, Event, FinishReason, GenerationRequest, SamplingParams};
+use super::scheduler::Scheduler;
+use super::thread::{self, Command};
+use super::{EngineError, Event, FinishReason, GenerationRequest, Load, SamplingParams};
 use crate::config::PrefixCache;
 use crate::http::error::ApiError;
 use crate::metrics::Metrics;
 use crate::thermal::{GateFeed, ThermalGate};
 
+/// Virtual time one fake step takes.
 const STEP: Duration = Duration::from_millis(1);
 /// Long enough that a request is still running when the test looks.
 const LONG: u32 = 4000;
-const WAIT: Duration = Duration::from_secs(5);
+/// Turns after which a test that waits for something has failed (no test needs near this).
+const MAX_TURNS: usize = 20_000;
 
 fn plan(slots: usize, queue: usize) -> EnginePlan {
     EnginePlan {
@@ -35,108 +42,155 @@ fn plan(slots: usize, queue: usize) -> EnginePlan {
         prefix_cache: PrefixCache::On,
         prefix_slots: 0,
         queue_timeout: Duration::from_secs(10),
+        debug_stall_file: None,
     }
 }
 
+/// A scheduler with no thread around it: the test submits, turns and reads, in that order.
 struct Rig {
-    engine: Handle,
+    s: Scheduler<'static, Fake>,
+    clock: ManualClock,
     fake: Fake,
     feed: GateFeed,
     metrics: Arc<Metrics>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.engine.shutdown();
-        self.engine.wait_stopped(WAIT);
-    }
+    load: Arc<Mutex<Load>>,
 }
 
 fn rig(plan: EnginePlan) -> Rig {
-    let fake = Fake::new(plan.sequences(), STEP);
-    let backend = fake.clone();
+    let clock = ManualClock::new();
+    let fake = Fake::new(plan.sequences(), clock.clone(), STEP);
     let (feed, gate) = ThermalGate::test_feed(0.5, 90.0);
     let metrics = Arc::new(Metrics::default());
-    let engine = spawn(plan, metrics.clone(), gate, move |runner| {
-        runner.run(backend, &FakeVocab)
-    })
-    .expect("fake backend starts");
+    let load = Arc::new(Mutex::new(Load::default()));
+    let s = Scheduler::new(
+        fake.clone(),
+        &FakeVocab,
+        plan,
+        metrics.clone(),
+        load.clone(),
+        gate,
+        Arc::new(clock.clone()),
+    );
     Rig {
-        engine,
+        s,
+        clock,
         fake,
         feed,
         metrics,
+        load,
     }
 }
 
-fn request(prompt: usize, max_tokens: u32) -> GenerationRequest {
-    GenerationRequest {
-        prompt_tokens: vec![5; prompt],
-        max_tokens,
-        stop: Vec::new(),
-        sampling: SamplingParams::default(),
-        received_at: Instant::now(),
+impl Rig {
+    /// A request received now.
+    fn request(&self, prompt: usize, max_tokens: u32) -> GenerationRequest {
+        GenerationRequest {
+            prompt_tokens: vec![5; prompt],
+            max_tokens,
+            stop: Vec::new(),
+            sampling: SamplingParams::default(),
+            received_at: self.clock.now(),
+        }
+    }
+
+    /// Hands a request to the scheduler as its thread would; the reply comes at once.
+    fn submit(
+        &mut self,
+        request: GenerationRequest,
+    ) -> Result<UnboundedReceiver<Event>, EngineError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (accepted, mut reply) = oneshot::channel();
+        assert!(self.s.handle(Command::Submit {
+            request,
+            events,
+            accepted,
+        }));
+        reply.try_recv().expect("answered within `handle`")?;
+        Ok(rx)
+    }
+
+    fn turn(&mut self) {
+        self.s.turn();
+    }
+
+    fn load(&self) -> Load {
+        *self.load.lock().expect("load lock")
+    }
+
+    /// Turns until `rx` holds an event.
+    fn next(&mut self, rx: &mut UnboundedReceiver<Event>) -> Event {
+        for _ in 0..MAX_TURNS {
+            if let Ok(event) = rx.try_recv() {
+                return event;
+            }
+            self.turn();
+        }
+        panic!("no event after {MAX_TURNS} turns; load {:?}", self.load());
+    }
+
+    /// Reads events up to the last one; returns the text and the last event.
+    fn last(&mut self, rx: &mut UnboundedReceiver<Event>) -> (String, Event) {
+        let mut text = String::new();
+        loop {
+            match self.next(rx) {
+                Event::Text { text: t, .. } => text.push_str(&t),
+                Event::Admitted { .. } => {}
+                end => return (text, end),
+            }
+        }
+    }
+
+    /// Reads events up to the last one; returns each text event's text and its tokens.
+    fn chunks(&mut self, rx: &mut UnboundedReceiver<Event>) -> Vec<(String, Vec<String>)> {
+        let mut out = Vec::new();
+        loop {
+            match self.next(rx) {
+                Event::Text { text, logprobs } => out.push((
+                    text,
+                    logprobs
+                        .iter()
+                        .map(|t| String::from_utf8_lossy(&t.token).into_owned())
+                        .collect(),
+                )),
+                Event::Admitted { .. } => {}
+                Event::Finished { .. } => return out,
+                other => panic!("expected text or the end, got {other:?}"),
+            }
+        }
+    }
+
+    /// Turns until the published load satisfies `f` (checked before each turn).
+    fn until(&mut self, what: &str, f: impl Fn(&Load) -> bool) {
+        for _ in 0..MAX_TURNS {
+            if f(&self.load()) {
+                return;
+            }
+            self.turn();
+        }
+        panic!("never reached {what}: {:?}", self.load());
     }
 }
 
-async fn next(rx: &mut UnboundedReceiver<Event>) -> Event {
-    tokio::time::timeout(WAIT, rx.recv())
-        .await
-        .expect("an event in time")
-        .expect("the scheduler keeps the channel until the last event")
-}
-
-/// Reads events up to the last one; returns the text and the last event.
-async fn last(rx: &mut UnboundedReceiver<Event>) -> (String, Event) {
-    let mut text = String::new();
-    loop {
-        match next(rx).await {
-            Event::Text { text: t, .. } => text.push_str(&t),
-            Event::Admitted { .. } => {}
-            end => return (text, end),
+impl Event {
+    fn failed(self) -> Option<EngineError> {
+        match self {
+            Event::Failed(e) => Some(e),
+            _ => None,
         }
     }
 }
 
-/// Waits until the scheduler's published load satisfies `f`.
-async fn until(engine: &Handle, what: &str, f: impl Fn(&super::Load) -> bool) {
-    let t0 = Instant::now();
-    while !f(&engine.load()) {
-        assert!(
-            t0.elapsed() < WAIT,
-            "timed out waiting for {what}: {:?}",
-            engine.load()
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
 }
 
-/// Reads events up to the last one; returns each text event's text and its tokens.
-async fn chunks(rx: &mut UnboundedReceiver<Event>) -> Vec<(String, Vec<String>)> {
-    let mut out = Vec::new();
-    loop {
-        match next(rx).await {
-            Event::Text { text, logprobs } => out.push((
-                text,
-                logprobs
-                    .iter()
-                    .map(|t| String::from_utf8_lossy(&t.token).into_owned())
-                    .collect(),
-            )),
-            Event::Admitted { .. } => {}
-            Event::Finished { .. } => return out,
-            other => panic!("expected text or the end, got {other:?}"),
-        }
-    }
-}
-
-#[tokio::test]
-async fn logprobs_travel_with_their_text_and_never_with_a_stop_sequence() {
-    let r = rig(plan(1, 1));
-    let mut req = request(3, 4);
+#[test]
+fn logprobs_travel_with_their_text_and_never_with_a_stop_sequence() {
+    let mut r = rig(plan(1, 1));
+    let mut req = r.request(3, 4);
     req.sampling.logprobs = Some(2);
-    let mut rx = r.engine.submit(req).await.expect("accepted");
-    let got = chunks(&mut rx).await;
+    let mut rx = r.submit(req).expect("accepted");
+    let got = r.chunks(&mut rx);
     let tokens: Vec<&str> = got
         .iter()
         .flat_map(|c| c.1.iter().map(String::as_str))
@@ -145,11 +199,11 @@ async fn logprobs_travel_with_their_text_and_never_with_a_stop_sequence() {
     assert!(got.iter().all(|(text, lp)| lp.concat() == *text), "{got:?}");
     // "15 " is held back as a possible stop ("15 9"), then released with its token; the stop
     // "16" is cut, and so is its token's entry.
-    let mut req = request(3, 10);
+    let mut req = r.request(3, 10);
     req.sampling.logprobs = Some(0);
     req.stop = vec!["15 9".into(), "16".into()];
-    let mut rx = r.engine.submit(req).await.expect("accepted");
-    let got = chunks(&mut rx).await;
+    let mut rx = r.submit(req).expect("accepted");
+    let got = r.chunks(&mut rx);
     let text: String = got.iter().map(|c| c.0.as_str()).collect();
     let tokens: Vec<&str> = got
         .iter()
@@ -158,15 +212,17 @@ async fn logprobs_travel_with_their_text_and_never_with_a_stop_sequence() {
     assert_eq!(text, "13 14 15 ");
     assert_eq!(tokens, ["13 ", "14 ", "15 "]);
     // Not asked for: no entries at all.
-    let mut rx = r.engine.submit(request(3, 2)).await.expect("accepted");
-    assert!(chunks(&mut rx).await.iter().all(|c| c.1.is_empty()));
+    let req = r.request(3, 2);
+    let mut rx = r.submit(req).expect("accepted");
+    assert!(r.chunks(&mut rx).iter().all(|c| c.1.is_empty()));
 }
 
-#[tokio::test]
-async fn tokens_become_text_usage_and_a_length_finish() {
-    let r = rig(plan(1, 1));
-    let mut rx = r.engine.submit(request(3, 4)).await.expect("accepted");
-    let (text, end) = last(&mut rx).await;
+#[test]
+fn tokens_become_text_usage_and_a_length_finish() {
+    let mut r = rig(plan(1, 1));
+    let req = r.request(3, 4);
+    let mut rx = r.submit(req).expect("accepted");
+    let (text, end) = r.last(&mut rx);
     // Fake token ids follow the position: prompt positions 0..3, so 13, 14, 15, 16.
     assert_eq!(text, "13 14 15 16 ");
     match end {
@@ -184,8 +240,9 @@ async fn tokens_become_text_usage_and_a_length_finish() {
         other => panic!("expected Finished, got {other:?}"),
     }
     r.fake.with(|c| c.end_after = Some(2));
-    let mut rx = r.engine.submit(request(3, 10)).await.expect("accepted");
-    match last(&mut rx).await {
+    let req = r.request(3, 10);
+    let mut rx = r.submit(req).expect("accepted");
+    match r.last(&mut rx) {
         (text, Event::Finished { reason, .. }) => {
             assert_eq!((text.as_str(), reason), ("13 14 ", FinishReason::Stop));
         }
@@ -193,36 +250,75 @@ async fn tokens_become_text_usage_and_a_length_finish() {
     }
 }
 
-#[tokio::test]
-async fn waiters_are_admitted_in_arrival_order() {
-    let r = rig(plan(1, 8));
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for id in 0..5 {
-        let mut rx = r.engine.submit(request(2, 3)).await.expect("accepted");
-        let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            if let Event::Admitted { .. } = next(&mut rx).await {
-                order.lock().expect("lock").push(id);
-            }
-            last(&mut rx).await
-        }));
+#[test]
+fn timings_count_virtual_time_from_receipt_to_the_last_token() {
+    let mut r = rig(plan(1, 1));
+    let req = r.request(3, 4);
+    // Tokenizing and queueing took 5 ms before the scheduler saw it.
+    r.clock.advance(Duration::from_millis(5));
+    let mut rx = r.submit(req).expect("accepted");
+    match r.last(&mut rx).1 {
+        Event::Finished { timings, .. } => {
+            // One step for the prompt and its first token, one per token after it.
+            assert!(close(timings.ttft_ms, 6.0), "{timings:?}");
+            assert!(close(timings.prompt_ms, 1.0), "{timings:?}");
+            assert!(close(timings.predicted_ms, 3.0), "{timings:?}");
+            assert!(close(timings.predicted_per_second, 1000.0), "{timings:?}");
+        }
+        other => panic!("expected Finished, got {other:?}"),
     }
-    for t in tasks {
-        assert!(matches!(t.await.expect("task").1, Event::Finished { .. }));
-    }
-    assert_eq!(*order.lock().expect("lock"), vec![0, 1, 2, 3, 4]);
 }
 
-#[tokio::test]
-async fn a_full_queue_is_a_429_with_retry_after() {
-    let r = rig(plan(1, 1));
-    let _running = r.engine.submit(request(2, LONG)).await.expect("slot");
-    let _queued = r.engine.submit(request(2, LONG)).await.expect("queue");
+#[test]
+fn each_turn_publishes_a_heartbeat_on_the_schedulers_clock() {
+    let mut r = rig(plan(1, 1));
+    assert_eq!(r.load().beat, None);
+    r.turn();
+    assert_eq!(r.load().beat, Some(r.clock.now()));
+    r.clock.advance(Duration::from_secs(3));
+    assert_eq!(r.load().beat, Some(r.clock.now() - Duration::from_secs(3)));
+    r.turn();
+    assert_eq!(r.load().beat, Some(r.clock.now()));
+}
+
+#[test]
+fn waiters_are_admitted_in_arrival_order() {
+    let mut r = rig(plan(1, 8));
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let req = r.request(2, 3);
+        streams.push(r.submit(req).expect("accepted"));
+    }
+    let mut order = Vec::new();
+    let mut finished = 0;
+    for _ in 0..MAX_TURNS {
+        r.turn();
+        for (id, rx) in streams.iter_mut().enumerate() {
+            while let Ok(event) = rx.try_recv() {
+                match event {
+                    Event::Admitted { .. } => order.push(id),
+                    Event::Finished { .. } => finished += 1,
+                    Event::Text { .. } => {}
+                    Event::Failed(e) => panic!("request {id} failed: {e}"),
+                }
+            }
+        }
+        if finished == streams.len() {
+            break;
+        }
+    }
+    assert_eq!(finished, 5);
+    assert_eq!(order, vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_full_queue_is_a_429_with_retry_after() {
+    let mut r = rig(plan(1, 1));
+    let _running = r.submit(r.request(2, LONG)).expect("slot");
+    r.turn();
+    let _queued = r.submit(r.request(2, LONG)).expect("queue");
     let err = r
-        .engine
-        .submit(request(2, LONG))
-        .await
+        .submit(r.request(2, LONG))
         .expect_err("slot and queue are full");
     assert_eq!(
         err,
@@ -236,90 +332,86 @@ async fn a_full_queue_is_a_429_with_retry_after() {
     assert_eq!(api.retry_after_secs, Some(1));
 }
 
-#[tokio::test]
-async fn a_wait_past_the_queue_timeout_is_a_503() {
+#[test]
+fn a_wait_past_the_queue_timeout_is_a_503() {
     let mut p = plan(1, 4);
     p.queue_timeout = Duration::from_millis(100);
-    let r = rig(p);
-    let _running = r.engine.submit(request(2, LONG)).await.expect("slot");
-    let t0 = Instant::now();
-    let mut waiter = r.engine.submit(request(2, 4)).await.expect("queued");
-    let err = match next(&mut waiter).await {
-        Event::Failed(e) => e,
+    let mut r = rig(p);
+    // Steps take no time here: only the test moves the clock.
+    r.fake.with(|c| c.step_time = Duration::ZERO);
+    let _running = r.submit(r.request(2, LONG)).expect("slot");
+    r.turn();
+    let mut waiter = r.submit(r.request(2, 4)).expect("queued");
+    r.clock.advance(Duration::from_millis(99));
+    r.turn();
+    assert!(waiter.try_recv().is_err(), "99 ms is within the timeout");
+    r.clock.advance(Duration::from_millis(1));
+    r.turn();
+    let err = match waiter.try_recv() {
+        Ok(Event::Failed(e)) => e,
         other => panic!("expected a queue timeout, got {other:?}"),
     };
-    assert!(t0.elapsed() >= Duration::from_millis(100));
-    assert!(
-        matches!(err, EngineError::QueueTimeout { timeout_ms: 100, waited_ms } if waited_ms >= 100),
-        "{err:?}"
+    assert_eq!(
+        err,
+        EngineError::QueueTimeout {
+            waited_ms: 100,
+            timeout_ms: 100
+        }
     );
     let api = ApiError::from(err);
     assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(api.retry_after_secs, Some(1));
 }
 
-#[tokio::test]
-async fn a_client_that_leaves_frees_its_slot_within_one_step_every_time() {
-    let r = rig(plan(1, 1));
+#[test]
+fn a_client_that_leaves_frees_its_slot_within_one_step_every_time() {
+    let mut r = rig(plan(1, 1));
     for trial in 0..100 {
-        let mut rx = r.engine.submit(request(2, LONG)).await.expect("slot");
-        while !matches!(next(&mut rx).await, Event::Text { .. }) {}
+        let mut rx = r.submit(r.request(2, LONG)).expect("slot");
+        while !matches!(r.next(&mut rx), Event::Text { .. }) {}
         let left_at = r.fake.log().steps;
         drop(rx);
-        let t0 = Instant::now();
-        let freed_at = loop {
-            if let Some(&(_, step)) = r.fake.log().freed.get(trial) {
-                break step;
-            }
-            assert!(t0.elapsed() < WAIT, "trial {trial}: slot never freed");
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        };
-        assert!(
-            freed_at <= left_at + 1,
-            "trial {trial}: left after step {left_at}, freed after step {freed_at}"
+        r.turn();
+        let freed = r.fake.log().freed.get(trial).copied();
+        assert_eq!(
+            freed,
+            Some((0, left_at + 1)),
+            "trial {trial}: left after step {left_at}"
         );
     }
-    until(&r.engine, "the last slot to be free", |l| l.active == 0).await;
+    r.until("the last slot to be free", |l| l.active == 0);
     assert_eq!(r.metrics.cancelled_total.get(), 100);
 }
 
-#[tokio::test]
-async fn a_waiter_that_leaves_gives_its_place_to_the_next() {
-    let r = rig(plan(1, 1));
-    let mut running = r.engine.submit(request(2, 20)).await.expect("slot");
-    let leaver = r.engine.submit(request(2, 5)).await.expect("queued");
+#[test]
+fn a_waiter_that_leaves_gives_its_place_to_the_next() {
+    let mut r = rig(plan(1, 1));
+    let mut running = r.submit(r.request(2, 20)).expect("slot");
+    r.turn();
+    let leaver = r.submit(r.request(2, 5)).expect("queued");
     drop(leaver);
-    let mut next_one = r
-        .engine
-        .submit(request(2, 5))
-        .await
-        .expect("the leaver's place");
-    assert!(matches!(last(&mut running).await.1, Event::Finished { .. }));
-    assert!(matches!(
-        last(&mut next_one).await.1,
-        Event::Finished { .. }
-    ));
+    let mut next_one = r.submit(r.request(2, 5)).expect("the leaver's place");
+    assert!(matches!(r.last(&mut running).1, Event::Finished { .. }));
+    assert!(matches!(r.last(&mut next_one).1, Event::Finished { .. }));
     assert_eq!(r.metrics.cancelled_total.get(), 1);
 }
 
-#[tokio::test]
-async fn hot_caps_new_admissions_and_critical_refuses_new_requests() {
-    let r = rig(plan(4, 8));
+#[test]
+fn hot_caps_new_admissions_and_critical_refuses_new_requests() {
+    let mut r = rig(plan(4, 8));
     r.feed.publish(ThermalState::Hot, 80.0);
-    until(&r.engine, "the hot cap", |l| l.max_active == 2).await;
+    r.turn();
+    assert_eq!(r.load().max_active, 2, "the hot cap");
     let mut streams = Vec::new();
     for _ in 0..4 {
-        streams.push(r.engine.submit(request(2, LONG)).await.expect("accepted"));
+        streams.push(r.submit(r.request(2, LONG)).expect("accepted"));
     }
-    until(&r.engine, "two running, two queued", |l| {
-        l.active == 2 && l.queued == 2
-    })
-    .await;
+    r.turn();
+    let load = r.load();
+    assert_eq!((load.active, load.queued), (2, 2), "{load:?}");
     r.feed.publish(ThermalState::Critical, 95.5);
     let err = r
-        .engine
-        .submit(request(2, 4))
-        .await
+        .submit(r.request(2, 4))
         .expect_err("critical refuses new work");
     assert_eq!(
         err,
@@ -331,31 +423,34 @@ async fn hot_caps_new_admissions_and_critical_refuses_new_requests() {
     let api = ApiError::from(err);
     assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(api.retry_after_secs.is_some());
-    assert_eq!(r.engine.load().active, 2, "running work is never preempted");
+    r.turn();
+    assert_eq!(r.load().active, 2, "running work is never preempted");
     r.feed.publish(ThermalState::Normal, 50.0);
-    until(&r.engine, "all four running once cool", |l| {
-        l.active == 4 && l.max_active == 4
-    })
-    .await;
-    assert!(r.engine.submit(request(2, 4)).await.is_ok());
+    r.turn();
+    let load = r.load();
+    assert_eq!((load.active, load.max_active), (4, 4), "all four once cool");
+    assert!(r.submit(r.request(2, 4)).is_ok());
 }
 
-#[tokio::test]
-async fn a_waiter_short_of_kv_cells_waits_for_them_and_blocks_those_behind() {
+#[test]
+fn a_waiter_short_of_kv_cells_waits_for_them_and_blocks_those_behind() {
     let mut p = plan(4, 8);
     p.kv_cells = 100;
     p.shared_kv = true;
-    let r = rig(p);
-    let mut big = r.engine.submit(request(10, 60)).await.expect("70 cells");
-    let mut second = r.engine.submit(request(10, 40)).await.expect("queued");
-    let mut small = r.engine.submit(request(1, 1)).await.expect("queued");
-    until(&r.engine, "the first to reserve its cells", |l| {
-        l.active == 1 && l.kv_reserved == 70 && l.queued == 2
-    })
-    .await;
-    assert!(matches!(last(&mut big).await.1, Event::Finished { .. }));
-    assert!(matches!(last(&mut second).await.1, Event::Finished { .. }));
-    assert!(matches!(last(&mut small).await.1, Event::Finished { .. }));
+    let mut r = rig(p);
+    let mut big = r.submit(r.request(10, 60)).expect("70 cells");
+    let mut second = r.submit(r.request(10, 40)).expect("queued");
+    let mut small = r.submit(r.request(1, 1)).expect("queued");
+    r.turn();
+    let load = r.load();
+    assert_eq!(
+        (load.active, load.kv_reserved, load.queued),
+        (1, 70, 2),
+        "the first reserved its cells: {load:?}"
+    );
+    assert!(matches!(r.last(&mut big).1, Event::Finished { .. }));
+    assert!(matches!(r.last(&mut second).1, Event::Finished { .. }));
+    assert!(matches!(r.last(&mut small).1, Event::Finished { .. }));
     let opened: Vec<u64> = r.fake.log().opened.iter().map(|o| o.1).collect();
     assert!(
         opened[1] >= opened[0] + 60,
@@ -363,42 +458,47 @@ async fn a_waiter_short_of_kv_cells_waits_for_them_and_blocks_those_behind() {
     );
 }
 
-#[tokio::test]
-async fn shutdown_fails_running_and_queued_work_and_frees_every_slot() {
-    let r = rig(plan(2, 4));
-    let mut running: Vec<_> = Vec::new();
-    for _ in 0..3 {
-        running.push(r.engine.submit(request(2, LONG)).await.expect("accepted"));
-    }
-    until(&r.engine, "two running", |l| l.active == 2 && l.queued == 1).await;
-    r.engine.shutdown();
-    for rx in &mut running {
+#[test]
+fn shutdown_fails_running_and_queued_work_and_frees_every_slot() {
+    let mut r = rig(plan(2, 4));
+    let mut streams: Vec<_> = (0..3)
+        .map(|_| r.submit(r.request(2, LONG)).expect("accepted"))
+        .collect();
+    r.turn();
+    let load = r.load();
+    assert_eq!((load.active, load.queued), (2, 1), "{load:?}");
+    r.s.cancel_all();
+    for rx in &mut streams {
+        let mut last = None;
+        while let Ok(event) = rx.try_recv() {
+            last = Some(event);
+        }
         assert_eq!(
-            last(rx).await.1.failed(),
+            last.and_then(Event::failed),
             Some(EngineError::ShuttingDown),
             "every request hears why"
         );
     }
-    assert!(r.engine.wait_stopped(WAIT), "the thread exits");
     let mut freed: Vec<usize> = r.fake.log().freed.iter().map(|f| f.0).collect();
     freed.sort_unstable();
     assert_eq!(freed, vec![0, 1]);
-    let late = r.engine.submit(request(2, 4)).await.expect_err("stopped");
-    assert_eq!(late, EngineError::ShuttingDown);
+    let load = r.load();
+    assert_eq!((load.active, load.queued), (0, 0), "{load:?}");
 }
 
-#[tokio::test]
-async fn a_backend_error_fails_only_its_own_request() {
-    let r = rig(plan(2, 4));
-    let mut doomed = r.engine.submit(request(2, LONG)).await.expect("slot 0");
-    let mut fine = r.engine.submit(request(2, 30)).await.expect("slot 1");
-    until(&r.engine, "both running", |l| l.active == 2).await;
+#[test]
+fn a_backend_error_fails_only_its_own_request() {
+    let mut r = rig(plan(2, 4));
+    let mut doomed = r.submit(r.request(2, LONG)).expect("slot 0");
+    let mut fine = r.submit(r.request(2, 30)).expect("slot 1");
+    r.turn();
+    assert_eq!(r.load().active, 2, "both running");
     r.fake.with(|c| c.fail_seqs.insert(0));
-    match last(&mut doomed).await.1.failed() {
+    match r.last(&mut doomed).1.failed() {
         Some(EngineError::Decode(m)) => assert!(m.contains("injected"), "{m}"),
         other => panic!("expected a decode failure, got {other:?}"),
     }
-    match last(&mut fine).await {
+    match r.last(&mut fine) {
         (text, Event::Finished { usage, .. }) => {
             assert_eq!(usage.completion_tokens, 30);
             assert_eq!(text.split_whitespace().count(), 30);
@@ -406,74 +506,59 @@ async fn a_backend_error_fails_only_its_own_request() {
         other => panic!("the other request must finish, got {other:?}"),
     }
     // A step that fails as a whole fails what was in it, and nothing after it.
-    let mut in_step = r.engine.submit(request(2, LONG)).await.expect("slot");
-    while !matches!(next(&mut in_step).await, Event::Text { .. }) {}
+    let mut in_step = r.submit(r.request(2, LONG)).expect("slot");
+    while !matches!(r.next(&mut in_step), Event::Text { .. }) {}
     r.fake.with(|c| c.fail_step = true);
     assert!(matches!(
-        last(&mut in_step).await.1.failed(),
+        r.last(&mut in_step).1.failed(),
         Some(EngineError::Decode(_))
     ));
-    let mut after = r.engine.submit(request(2, 3)).await.expect("slot");
-    assert!(matches!(last(&mut after).await.1, Event::Finished { .. }));
+    let mut after = r.submit(r.request(2, 3)).expect("slot");
+    assert!(matches!(r.last(&mut after).1, Event::Finished { .. }));
 }
 
-#[tokio::test]
-async fn a_failed_open_fails_the_request_and_frees_the_slot() {
-    let r = rig(plan(1, 1));
+#[test]
+fn a_failed_open_fails_the_request_and_frees_the_slot() {
+    let mut r = rig(plan(1, 1));
     r.fake.with(|c| c.fail_open = true);
-    let mut rx = r.engine.submit(request(2, 4)).await.expect("accepted");
+    let mut rx = r.submit(r.request(2, 4)).expect("accepted");
     assert!(matches!(
-        last(&mut rx).await.1.failed(),
+        r.last(&mut rx).1.failed(),
         Some(EngineError::Decode(_))
     ));
     r.fake.with(|c| c.fail_open = false);
-    let mut rx = r
-        .engine
-        .submit(request(2, 4))
-        .await
-        .expect("the slot is free again");
-    assert!(matches!(last(&mut rx).await.1, Event::Finished { .. }));
+    let mut rx = r.submit(r.request(2, 4)).expect("the slot is free again");
+    assert!(matches!(r.last(&mut rx).1, Event::Finished { .. }));
 }
 
-#[tokio::test]
-async fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
-    let r = rig(plan(2, 2));
-    let mut stream = r.engine.submit(request(2, 40)).await.expect("slot");
-    while !matches!(next(&mut stream).await, Event::Text { .. }) {}
-    let mut long = r.engine.submit(request(1500, 2)).await.expect("slot");
-    assert!(matches!(last(&mut long).await.1, Event::Finished { .. }));
+#[test]
+fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
+    let mut r = rig(plan(2, 2));
+    let mut stream = r.submit(r.request(2, 40)).expect("slot");
+    while !matches!(r.next(&mut stream), Event::Text { .. }) {}
+    let mut long = r.submit(r.request(1500, 2)).expect("slot");
+    assert!(matches!(r.last(&mut long).1, Event::Finished { .. }));
     let log = r.fake.log();
     assert_eq!(log.most_prefill, STEP_TOKENS as usize, "one chunk per step");
     assert!(
         log.mixed >= 3,
         "the stream decoded in each of the three chunks' steps: {log:?}"
     );
-    assert!(matches!(last(&mut stream).await.1, Event::Finished { .. }));
+    assert!(matches!(r.last(&mut stream).1, Event::Finished { .. }));
 }
 
-impl Event {
-    fn failed(self) -> Option<EngineError> {
-        match self {
-            Event::Failed(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-#[tokio::test]
-async fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
-    let r = rig(plan(2, 2));
-    let mut first = r.engine.submit(request(300, 2)).await.expect("slot");
-    assert!(
-        matches!(last(&mut first).await.1, Event::Finished { usage, .. }
-        if usage.prompt_tokens_details.cached_tokens == 0)
-    );
+#[test]
+fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
+    let mut r = rig(plan(2, 2));
+    let mut first = r.submit(r.request(300, 2)).expect("slot");
+    assert!(matches!(r.last(&mut first).1, Event::Finished { usage, .. }
+        if usage.prompt_tokens_details.cached_tokens == 0));
     // Same prompt again: the idle slot that holds it takes it, all but the last tile reused.
-    let mut again = r.engine.submit(request(300, LONG)).await.expect("slot");
-    while !matches!(next(&mut again).await, Event::Text { .. }) {}
+    let mut again = r.submit(r.request(300, LONG)).expect("slot");
+    while !matches!(r.next(&mut again), Event::Text { .. }) {}
     // While that one runs, a third copies the prefix from its slot into the other.
-    let mut third = r.engine.submit(request(300, 2)).await.expect("slot");
-    match last(&mut third).await.1 {
+    let mut third = r.submit(r.request(300, 2)).expect("slot");
+    match r.last(&mut third).1 {
         Event::Finished { usage, timings, .. } => {
             assert_eq!(usage.prompt_tokens_details.cached_tokens, 284);
             assert_eq!((timings.cache_n, timings.prompt_n), (284, 16));
@@ -485,44 +570,41 @@ async fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
     assert_eq!(log.shared, vec![(0, 1, 284)]);
 }
 
-#[tokio::test]
-async fn requests_arriving_together_with_one_prompt_compute_it_once() {
-    let r = rig(plan(4, 4));
-    let mut streams = Vec::new();
-    for _ in 0..4 {
-        streams.push(r.engine.submit(request(600, 2)).await.expect("slot"));
-    }
+#[test]
+fn requests_arriving_together_with_one_prompt_compute_it_once() {
+    // Regression: on a busy machine the fourth request could reach the thread after the
+    // first chunk was in, and this test failed. Here all four arrive before the first turn.
+    let mut r = rig(plan(4, 4));
+    let mut streams: Vec<_> = (0..4)
+        .map(|_| r.submit(r.request(600, 2)).expect("slot"))
+        .collect();
     let mut cached = Vec::new();
     for rx in &mut streams {
-        match last(rx).await.1 {
+        match r.last(rx).1 {
             Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
             other => panic!("expected Finished, got {other:?}"),
         }
     }
-    cached.sort_unstable();
-    assert_eq!(cached[0], 0, "one computes the prompt");
+    assert_eq!(cached[0], 0, "the first computes the prompt");
     assert!(
         cached[1..].iter().all(|&c| c >= 512),
-        "three reuse it (all but the last tile, or the first chunk if they arrived after it): {cached:?}"
+        "three reuse it (all but the last tile): {cached:?}"
     );
     assert_eq!(r.fake.log().shared.len(), 3);
 }
 
-#[tokio::test]
-async fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
+#[test]
+fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
     let mut p = plan(1, 1);
     p.prefix_slots = 2;
-    let r = rig(p);
-    let ask = |token: i32| {
-        let mut req = request(300, 2);
-        req.prompt_tokens = vec![token; 300];
-        r.engine.submit(req)
-    };
+    let mut r = rig(p);
     let mut cached = Vec::new();
     // Three prompts through one slot, then the first again.
     for token in [1, 2, 3, 1] {
-        let mut rx = ask(token).await.expect("slot");
-        match last(&mut rx).await.1 {
+        let mut req = r.request(300, 2);
+        req.prompt_tokens = vec![token; 300];
+        let mut rx = r.submit(req).expect("slot");
+        match r.last(&mut rx).1 {
             Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
             other => panic!("expected Finished, got {other:?}"),
         }
@@ -533,23 +615,21 @@ async fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
     assert!(log.shared.is_empty(), "{log:?}");
     assert!(log.truncated.contains(&(0, 284)), "{log:?}");
     // The slot is released right after the last event went out.
-    until(&r.engine, "the slot released", |l| l.active == 0).await;
+    assert_eq!(r.load().active, 0);
 }
 
-#[tokio::test]
-async fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
+#[test]
+fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
     let mut p = plan(1, 1);
     p.prefix_cache = PrefixCache::Off;
-    let r = rig(p);
+    let mut r = rig(p);
     for _ in 0..2 {
-        let mut rx = r.engine.submit(request(300, 2)).await.expect("slot");
-        assert!(
-            matches!(last(&mut rx).await.1, Event::Finished { usage, .. }
-            if usage.prompt_tokens_details.cached_tokens == 0)
-        );
+        let mut rx = r.submit(r.request(300, 2)).expect("slot");
+        assert!(matches!(r.last(&mut rx).1, Event::Finished { usage, .. }
+            if usage.prompt_tokens_details.cached_tokens == 0));
     }
     // The slot is released right after the last event went out.
-    until(&r.engine, "the slot released", |l| l.active == 0).await;
+    assert_eq!(r.load().active, 0);
     let log = r.fake.log();
     assert!(log.shared.is_empty());
     assert_eq!(
@@ -557,4 +637,120 @@ async fn with_the_prefix_cache_off_nothing_is_reused_and_cells_are_freed() {
         vec![(0, 0), (0, 0)],
         "freed after each request"
     );
+}
+
+// The actor on its thread: only what the channel and the thread add, in step by handshakes.
+
+/// Generous bound for a handshake that happens at once; never what a test measures.
+const HANDSHAKE: Duration = Duration::from_secs(30);
+
+fn spawn_fake(plan: EnginePlan) -> (thread::Handle, Fake) {
+    let clock = ManualClock::new();
+    let fake = Fake::new(plan.sequences(), clock.clone(), STEP);
+    let backend = fake.clone();
+    let (_feed, gate) = ThermalGate::test_feed(0.5, 90.0);
+    let handle = thread::spawn(
+        plan,
+        Arc::new(Metrics::default()),
+        gate,
+        Arc::new(clock),
+        move |runner| runner.run(backend, &FakeVocab),
+    )
+    .expect("fake backend starts");
+    (handle, fake)
+}
+
+fn request(prompt: usize, max_tokens: u32, clock: &thread::Handle) -> GenerationRequest {
+    GenerationRequest {
+        prompt_tokens: vec![5; prompt],
+        max_tokens,
+        stop: Vec::new(),
+        sampling: SamplingParams::default(),
+        received_at: clock.now(),
+    }
+}
+
+async fn last_on_thread(rx: &mut UnboundedReceiver<Event>) -> Event {
+    loop {
+        let event = tokio::time::timeout(HANDSHAKE, rx.recv())
+            .await
+            .expect("an event")
+            .expect("the scheduler keeps the channel until the last event");
+        if matches!(event, Event::Finished { .. } | Event::Failed(_)) {
+            return event;
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_thread_serves_through_its_handle_and_refuses_work_once_stopped() {
+    let (engine, _fake) = spawn_fake(plan(1, 1));
+    let mut rx = engine
+        .submit(request(3, 4, &engine))
+        .await
+        .expect("accepted");
+    assert!(matches!(
+        last_on_thread(&mut rx).await,
+        Event::Finished {
+            reason: FinishReason::Length,
+            ..
+        }
+    ));
+    engine.shutdown();
+    assert!(engine.wait_stopped(HANDSHAKE), "the thread exits");
+    let late = engine
+        .submit(request(2, 4, &engine))
+        .await
+        .expect_err("stopped");
+    assert_eq!(late, EngineError::ShuttingDown);
+}
+
+#[tokio::test]
+async fn shutdown_reaches_a_request_running_on_the_thread() {
+    let (engine, fake) = spawn_fake(plan(1, 1));
+    let (entered, release) = fake.hold_next_step();
+    let mut rx = engine
+        .submit(request(2, LONG, &engine))
+        .await
+        .expect("accepted");
+    // The thread is inside its first step: the shutdown is read right after it.
+    entered.recv_timeout(HANDSHAKE).expect("the step began");
+    engine.shutdown();
+    release.send(()).expect("the step waits for its release");
+    assert_eq!(
+        last_on_thread(&mut rx).await.failed(),
+        Some(EngineError::ShuttingDown)
+    );
+    assert!(engine.wait_stopped(HANDSHAKE), "the thread exits");
+    assert_eq!(fake.log().freed.len(), 1, "its slot was freed");
+}
+
+#[tokio::test]
+async fn the_plans_stall_file_holds_the_loop_until_it_is_removed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stall = dir.path().join("stall");
+    std::fs::write(&stall, b"").expect("stall file");
+    let mut p = plan(1, 1);
+    p.debug_stall_file = Some(stall.clone());
+    let (engine, _fake) = spawn_fake(p);
+    let submitted = tokio::spawn({
+        let engine = engine.clone();
+        let req = request(2, 2, &engine);
+        async move { engine.submit(req).await }
+    });
+    // Stalled before its first turn: no heartbeat, whatever the time it is given.
+    assert_eq!(engine.load().beat, None);
+    std::fs::remove_file(&stall).expect("remove the stall file");
+    let mut rx = tokio::time::timeout(HANDSHAKE, submitted)
+        .await
+        .expect("the loop resumed")
+        .expect("task")
+        .expect("accepted");
+    assert!(matches!(
+        last_on_thread(&mut rx).await,
+        Event::Finished { .. }
+    ));
+    assert!(engine.load().beat.is_some());
+    engine.shutdown();
+    assert!(engine.wait_stopped(HANDSHAKE));
 }

@@ -199,7 +199,7 @@ impl Sequence {
     }
 
     /// Sends the last event of a finished sequence: the held-back text, usage and timings.
-    pub fn send_finished(&mut self, reason: FinishReason, metrics: &Metrics) {
+    pub fn send_finished(&mut self, reason: FinishReason, metrics: &Metrics, now: Instant) {
         let tail = self.text.finish();
         let logprobs = self.release_logprobs(true);
         if !tail.text.is_empty() || !logprobs.is_empty() {
@@ -220,9 +220,10 @@ impl Sequence {
                 cached_tokens: self.cached,
             },
         };
-        metrics
-            .request_seconds
-            .observe(self.received_at.elapsed().as_secs_f64());
+        metrics.request_seconds.observe(
+            now.saturating_duration_since(self.received_at)
+                .as_secs_f64(),
+        );
         send_or_log(
             &self.events,
             Event::Finished {

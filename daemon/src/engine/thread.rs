@@ -3,11 +3,12 @@
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::{Backend, Vocab};
+use super::clock::Clock;
 use super::plan::EnginePlan;
 use super::scheduler::Scheduler;
 use super::{EngineError, Event, GenerationRequest, Load};
@@ -30,6 +31,8 @@ pub(super) struct Handle {
     load: Arc<Mutex<Load>>,
     /// Set once the thread has returned (its backend dropped).
     stopped: Arc<(Mutex<bool>, Condvar)>,
+    /// The scheduler's clock, which its heartbeat is read against.
+    clock: Arc<dyn Clock>,
 }
 
 /// What the thread body gets: everything but the backend, which it builds itself (a
@@ -41,6 +44,7 @@ pub(super) struct Runner {
     metrics: Arc<Metrics>,
     load: Arc<Mutex<Load>>,
     thermal: ThermalGate,
+    clock: Arc<dyn Clock>,
 }
 
 impl Runner {
@@ -60,6 +64,7 @@ impl Runner {
             self.metrics,
             self.load,
             self.thermal,
+            self.clock,
         );
         if self.ready.send(Ok(())).is_err() {
             return;
@@ -77,6 +82,7 @@ pub(super) fn spawn(
     plan: EnginePlan,
     metrics: Arc<Metrics>,
     thermal: ThermalGate,
+    clock: Arc<dyn Clock>,
     body: impl FnOnce(Runner) + Send + 'static,
 ) -> Result<Handle, EngineError> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -93,6 +99,7 @@ pub(super) fn spawn(
         metrics,
         load: load.clone(),
         thermal,
+        clock: clock.clone(),
     };
     let thread_stopped = stopped.clone();
     std::thread::Builder::new()
@@ -107,7 +114,12 @@ pub(super) fn spawn(
         })
         .map_err(|e| EngineError::Context(format!("cannot spawn decode thread: {e}")))?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(Handle { tx, load, stopped }),
+        Ok(Ok(())) => Ok(Handle {
+            tx,
+            load,
+            stopped,
+            clock,
+        }),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(EngineError::Context(
             "decode thread exited during start-up".into(),
@@ -118,6 +130,11 @@ pub(super) fn spawn(
 impl Handle {
     pub fn load(&self) -> Load {
         self.load.lock().map(|l| *l).unwrap_or_default()
+    }
+
+    /// Now, on the scheduler's clock.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// Queues a request; resolves once the scheduler accepted or refused it.

@@ -266,6 +266,51 @@ fn systemd_hears_ready_then_watchdog_pings_then_stopping() {
     }
 }
 
+/// The VM's watchdog case in small: `INFERLOOP_DEBUG_STALL_FILE` reaches the decode loop
+/// (through the config and the engine plan); while the file exists the loop never turns and
+/// no `WATCHDOG=1` goes out; once it is gone the pings come.
+#[test]
+fn the_debug_stall_file_withholds_watchdog_pings_until_it_is_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock_path = dir.path().join("notify.sock");
+    let stall = dir.path().join("stall");
+    std::fs::write(&stall, b"").expect("stall file");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).expect("bind notify socket");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let daemon = Daemon::try_start_with_env(
+        &["--slots", "1", "--ctx", "256"],
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().expect("utf8")),
+            ("WATCHDOG_USEC", "400000"),
+            ("INFERLOOP_DEBUG_STALL_FILE", stall.to_str().expect("utf8")),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut buf = [0u8; 64];
+    let mut recv = || {
+        sock.recv(&mut buf)
+            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    assert_eq!(recv().expect("READY=1 within 30 s"), "READY=1");
+    // Five ping intervals with the loop held: not one ping.
+    sock.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    match recv() {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("no notification while stalled, got {other:?}"),
+    }
+    std::fs::remove_file(&stall).expect("remove the stall file");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    assert_eq!(recv().expect("a ping once resumed"), "WATCHDOG=1");
+    drop(daemon);
+}
+
 /// Regression: a connection holding half a request (headers cut short, or a body shorter
 /// than its `Content-Length`) kept the daemon up 2 s past `--shutdown-timeout`, waiting for
 /// a request that would never be complete.

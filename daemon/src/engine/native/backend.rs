@@ -377,13 +377,21 @@ mod tests {
             prefix_cache: crate::config::PrefixCache::On,
             prefix_slots: 0,
             queue_timeout: Duration::from_secs(10),
+            debug_stall_file: None,
         };
         let (_feed, gate) = ThermalGate::test_feed(0.5, 90.0);
-        let engine = spawn(plan, Arc::new(Metrics::default()), gate, move |runner| {
-            // Leaked: the model borrows it and lives on the scheduler thread.
-            let s: &'static _ = Box::leak(Box::new(synth(Spec::llama(), 9)));
-            runner.run(NativeBackend::new(model(s, slots)), &FakeVocab)
-        })
+        let clock = Arc::new(crate::engine::clock::SystemClock);
+        let engine = spawn(
+            plan,
+            Arc::new(Metrics::default()),
+            gate,
+            clock,
+            move |runner| {
+                // Leaked: the model borrows it and lives on the scheduler thread.
+                let s: &'static _ = Box::leak(Box::new(synth(Spec::llama(), 9)));
+                runner.run(NativeBackend::new(model(s, slots)), &FakeVocab)
+            },
+        )
         .expect("native backend starts");
         let request = |prompt: Vec<i32>| GenerationRequest {
             prompt_tokens: prompt,

@@ -1,7 +1,7 @@
-//! Per-sequence token sampling for the native backend: the semantics of the llama.cpp chain
-//! that [`super::super::llama`] builds from the same [`SamplingParams`] (logit bias, penalties,
-//! then greedy at temperature 0, else top-k, top-p, min-p, temperature and a seeded draw), in
-//! Rust, with log-probabilities from the biased logits as the llama.cpp backend reports them.
+//! Per-sequence token sampling for the native backend: the stages of the shared chain
+//! ([`sampling_chain::stages`], which the llama.cpp backend builds its sampler from), applied
+//! in Rust in the same order, with log-probabilities from the biased logits as the llama.cpp
+//! backend reports them.
 //!
 //! A sampler is deterministic: the same seed and the same logits give the same tokens.
 
@@ -11,32 +11,88 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::logprobs::{apply_bias, Distribution, TokenLogprobs};
+use crate::engine::sampling_chain::{self, Stage};
 use crate::engine::SamplingParams;
 
-/// Generated tokens the frequency and presence penalties look back over (llama.cpp's
-/// `penalty_last_n` as the llama.cpp backend sets it).
-pub const PENALTY_LAST_N: usize = 64;
+/// The penalty window, where it lived before the chain had its own module.
+pub use crate::engine::sampling_chain::PENALTY_LAST_N;
 
-/// One sequence's sampler: its settings, its random stream and the tokens it produced.
+/// One sequence's sampler: its settings, its chain, its random stream and the tokens it
+/// produced.
 pub struct Sampler {
     p: SamplingParams,
+    /// `p`'s stages, in order.
+    stages: Vec<Stage>,
     rng: StdRng,
     /// The last [`PENALTY_LAST_N`] sampled tokens, oldest first.
     history: VecDeque<i32>,
     /// Working copies, kept to avoid an allocation per token.
     logits: Vec<f32>,
-    cand: Vec<(f32, u32)>,
+    cand: Candidates,
+}
+
+/// The tokens still in the running once a truncating stage has begun: (logit, id).
+#[derive(Default)]
+struct Candidates {
+    list: Vec<(f32, u32)>,
+    /// `list` holds this token's candidates (built by the first stage that needs them).
+    listed: bool,
+    /// `list` is in [`order`].
+    sorted: bool,
+}
+
+/// Highest logit first, the lowest id first among equals: the same order every run.
+fn order(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+impl Candidates {
+    fn reset(&mut self) {
+        self.list.clear();
+        self.listed = false;
+        self.sorted = false;
+    }
+
+    /// The candidates: every token with a logit that is a number.
+    fn of(&mut self, logits: &[f32]) -> &mut Vec<(f32, u32)> {
+        if !self.listed {
+            self.list.extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| !l.is_nan())
+                    .map(|(i, &l)| (l, i as u32)),
+            );
+            self.listed = true;
+        }
+        &mut self.list
+    }
+
+    fn sorted(&mut self, logits: &[f32]) -> &mut Vec<(f32, u32)> {
+        self.of(logits);
+        if !self.sorted {
+            self.list.sort_unstable_by(order);
+            self.sorted = true;
+        }
+        &mut self.list
+    }
 }
 
 impl Sampler {
     pub fn new(p: &SamplingParams) -> Self {
         Self {
             p: p.clone(),
+            stages: sampling_chain::stages(p),
             rng: StdRng::seed_from_u64(u64::from(p.seed)),
             history: VecDeque::with_capacity(PENALTY_LAST_N),
             logits: Vec::new(),
-            cand: Vec::new(),
+            cand: Candidates::default(),
         }
+    }
+
+    /// The stages this sampler applies, in order.
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
     }
 
     /// Picks the next token from one row of logits and remembers it for the penalties.
@@ -49,17 +105,68 @@ impl Sampler {
     pub fn sample_reporting(&mut self, row: &[f32]) -> (i32, Option<TokenLogprobs>) {
         self.logits.clear();
         self.logits.extend_from_slice(row);
-        apply_bias(&mut self.logits, &self.p.logit_bias);
-        let dist = self
-            .p
-            .logprobs
-            .map(|n| Distribution::of(&self.logits, usize::from(n)));
-        self.penalize();
-        let token = if self.p.temperature <= 0.0 {
-            argmax(&self.logits)
-        } else {
-            self.draw()
-        };
+        self.cand.reset();
+        // Out of `self` while the stages borrow it mutably; put back below.
+        let stages = std::mem::take(&mut self.stages);
+        let mut snapshot = self.p.logprobs;
+        let mut dist = None;
+        let mut temperature = 1.0;
+        let mut token = 0;
+        for &stage in &stages {
+            // The log-probabilities see the logits as the bias left them, before any later
+            // stage (the bias, when on, is always the first).
+            if stage != Stage::LogitBias {
+                if let Some(n) = snapshot.take() {
+                    dist = Some(Distribution::of(&self.logits, usize::from(n)));
+                }
+            }
+            match stage {
+                Stage::LogitBias => apply_bias(&mut self.logits, &self.p.logit_bias),
+                Stage::Penalties {
+                    frequency,
+                    presence,
+                } => self.penalize(frequency, presence),
+                // The native backend refuses constrained requests when it opens them.
+                Stage::Grammar => {}
+                Stage::Greedy => token = argmax(&self.logits),
+                Stage::TopK(k) => {
+                    let cand = self.cand.of(&self.logits);
+                    let k = usize::try_from(k).unwrap_or(0);
+                    if k > 0 && k < cand.len() {
+                        cand.select_nth_unstable_by(k - 1, order);
+                        cand.truncate(k);
+                    }
+                }
+                Stage::TopP(top_p) => {
+                    let cand = self.cand.sorted(&self.logits);
+                    let probs = softmax(cand, 1.0);
+                    let mut cum = 0.0;
+                    let mut keep = cand.len();
+                    for (i, q) in probs.iter().enumerate() {
+                        cum += q;
+                        if cum >= f64::from(top_p) {
+                            keep = i + 1;
+                            break;
+                        }
+                    }
+                    cand.truncate(keep.max(1));
+                }
+                Stage::MinP(min_p) => {
+                    let cand = self.cand.sorted(&self.logits);
+                    // p_i ≥ min_p × p_max  ⇔  logit_i ≥ max + ln(min_p); the list is sorted.
+                    if let Some(&(max, _)) = cand.first() {
+                        let floor = max + min_p.ln();
+                        let keep = cand.iter().take_while(|c| c.0 >= floor).count();
+                        cand.truncate(keep.max(1));
+                    }
+                }
+                // Applied in the draw's softmax (in f64), not to the logits.
+                Stage::Temperature(t) => temperature = t,
+                // The random stream was seeded with `seed` when the sampler was made.
+                Stage::Dist { .. } => token = self.draw(temperature),
+            }
+        }
+        self.stages = stages;
         if self.history.len() == PENALTY_LAST_N {
             self.history.pop_front();
         }
@@ -78,9 +185,8 @@ impl Sampler {
     }
 
     /// `logit -= count × frequency + (count > 0) × presence` for each recent token.
-    fn penalize(&mut self) {
-        let (freq, presence) = (self.p.frequency_penalty, self.p.presence_penalty);
-        if (freq == 0.0 && presence == 0.0) || self.history.is_empty() {
+    fn penalize(&mut self, freq: f32, presence: f32) {
+        if self.history.is_empty() {
             return;
         }
         let mut seen: Vec<i32> = self.history.iter().copied().collect();
@@ -95,60 +201,23 @@ impl Sampler {
         }
     }
 
-    /// top-k, top-p, min-p, temperature, then a draw from the softmax of what is left.
-    fn draw(&mut self) -> i32 {
-        let p = &self.p;
-        self.cand.clear();
-        self.cand.extend(
-            self.logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (l, i as u32)),
-        );
-        if self.cand.is_empty() {
+    /// A draw from the softmax at `temperature` of the candidates left (all tokens when no
+    /// stage truncated).
+    fn draw(&mut self, temperature: f32) -> i32 {
+        let cand = self.cand.of(&self.logits);
+        if cand.is_empty() {
             return 0;
         }
-        // Highest logit first, the lowest id first among equals: the same order every run.
-        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        let k = usize::try_from(p.top_k).unwrap_or(0);
-        if k > 0 && k < self.cand.len() {
-            self.cand.select_nth_unstable_by(k - 1, order);
-            self.cand.truncate(k);
-        }
-        let sorted = p.top_p < 1.0 || p.min_p > 0.0;
-        if sorted {
-            self.cand.sort_unstable_by(order);
-        }
-        if p.top_p < 1.0 {
-            let probs = softmax(&self.cand, 1.0);
-            let mut cum = 0.0;
-            let mut keep = self.cand.len();
-            for (i, q) in probs.iter().enumerate() {
-                cum += q;
-                if cum >= f64::from(p.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            self.cand.truncate(keep.max(1));
-        }
-        if p.min_p > 0.0 {
-            // p_i ≥ min_p × p_max  ⇔  logit_i ≥ max + ln(min_p); the list is sorted.
-            let floor = self.cand[0].0 + p.min_p.ln();
-            let keep = self.cand.iter().take_while(|c| c.0 >= floor).count();
-            self.cand.truncate(keep.max(1));
-        }
-        let probs = softmax(&self.cand, p.temperature);
+        let probs = softmax(cand, temperature);
         let total: f64 = probs.iter().sum();
         let mut u = self.rng.gen::<f64>() * total;
-        for (q, c) in probs.iter().zip(&self.cand) {
+        for (q, c) in probs.iter().zip(cand.iter()) {
             if u < *q {
                 return c.1 as i32;
             }
             u -= q;
         }
-        self.cand[self.cand.len() - 1].1 as i32
+        cand[cand.len() - 1].1 as i32
     }
 }
 
@@ -196,6 +265,23 @@ mod tests {
     }
 
     const ROW: [f32; 6] = [0.5, 2.0, 1.0, 2.0, -1.0, 1.9];
+
+    #[test]
+    fn the_sampler_applies_the_shared_chain() {
+        for p in [
+            params(0.0),
+            SamplingParams {
+                top_k: 5,
+                top_p: 0.9,
+                min_p: 0.1,
+                frequency_penalty: 0.5,
+                logit_bias: vec![(2, 1.0)],
+                ..params(0.8)
+            },
+        ] {
+            assert_eq!(Sampler::new(&p).stages(), sampling_chain::stages(&p));
+        }
+    }
 
     #[test]
     fn greedy_takes_the_highest_logit_and_the_lowest_index_on_ties() {
