@@ -246,7 +246,9 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         native::open_model(&req.model, 1, n_ctx, req.threads)
     }
     .map_err(native_load)?;
-    native.set_activations(req.activations);
+    native
+        .set_activations(req.activations)
+        .map_err(native_load)?;
     if native.hparams().n_vocab != n_vocab {
         return Err(GoldenError::NativeLoad {
             path: req.model.clone(),
