@@ -593,7 +593,7 @@ fn a_bad_batch_is_refused_before_anything_runs() {
     assert_eq!(m.kv().seq_len(0), 2);
 }
 
-/// A pass that stores nothing and fails any micro-batch holding token 99: the model's
+/// A pass that stores nothing and fails any micro-batch holding token 49: the model's
 /// batch rules, without a model.
 struct FailingPass {
     kv: KvCache<NoCells>,
@@ -609,10 +609,10 @@ impl super::kv::Cells for NoCells {
 
 impl Pass for FailingPass {
     fn run(&mut self, toks: &[BatchToken], _: &[bool], _: &mut [f32]) -> Result<(), NativeError> {
-        if toks.iter().any(|t| t.token == 99) {
+        if toks.iter().any(|t| t.token == 49) {
             return Err(NativeError::Kernel {
                 what: "fake".into(),
-                why: "token 99".into(),
+                why: "token 49".into(),
             });
         }
         self.kv.hold(toks);
@@ -649,7 +649,7 @@ fn after_a_failed_micro_batch_the_batch_sequences_keep_what_they_held_before_it(
     // Sequence 1 fills the first micro-batch, which is stored; sequence 0 rewrites from
     // position 2 in the second, which fails: both drop back to their first position here.
     let mut batch = toks(1, &[5; UBATCH], 0);
-    batch.extend(toks(0, &[6, 99], 2));
+    batch.extend(toks(0, &[6, 49], 2));
     let err = m.forward(&batch, &vec![false; batch.len()]).unwrap_err();
     assert!(matches!(err, NativeError::Kernel { .. }), "{err}");
     assert_eq!((m.kv().seq_len(0), m.kv().seq_len(1)), (2, 0));
