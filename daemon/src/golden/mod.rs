@@ -122,7 +122,9 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
     // Opened as the server opens it, one sequence of the longest prompt's context.
     let mut native =
         open_native(&req.model, req.device, 1, n_ctx, req.threads).map_err(native_load)?;
-    native.set_activations(req.activations);
+    native
+        .set_activations(req.activations)
+        .map_err(native_load)?;
     if native.hparams().n_vocab != n_vocab {
         return Err(GoldenError::NativeLoad {
             path: req.model.clone(),

@@ -1,7 +1,8 @@
 //! [`NativeBackend`]: the scheduler's [`Backend`] on the native forward pass. One
 //! [`Model::forward`] per step over the plan's tokens, a Rust [`Sampler`] per sequence.
 
-use super::forward::{BatchToken, Model};
+use super::batch::BatchToken;
+use super::forward::Model;
 use super::sampling::Sampler;
 use crate::engine::backend::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,

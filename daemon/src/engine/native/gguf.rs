@@ -5,10 +5,12 @@ use std::path::Path;
 
 use inferloop_gguf::{GgmlType, Gguf, GgufFile};
 
+use super::batch::BatchToken;
+use super::error::NativeError;
 use super::forward::Model;
 use super::hparams::{HParams, Metadata};
+use super::sampling::argmax;
 use super::weights::{TensorKind, TensorRef, TensorSource, Weights};
-use super::NativeError;
 
 impl<B: AsRef<[u8]>> Metadata for Gguf<B> {
     fn get_u64(&self, key: &str) -> Option<u64> {
@@ -84,13 +86,61 @@ pub fn open_model_cuda(
     let hp = HParams::from_metadata(file)?;
     let mut model = Model::new_cuda(hp.clone(), Weights::load(&hp, file)?, n_seq, n_ctx, gpu)?;
     let mut twin = Model::new(hp.clone(), Weights::load(&hp, file)?, 1, 16, threads)?;
-    let diff = super::cuda::check_against_twin(&mut model, &mut twin)?;
+    let diff = check_against_twin(&mut model, &mut twin)?;
     tracing::info!(
         max_abs_logit_diff = diff,
         "CUDA pass checked against the CPU twins"
     );
     Ok(model)
 }
+
+/// Feeds the same tokens to `model` (on the GPU) and `twin` (on the CPU) and compares the
+/// logits: every row's top token must agree and no logit may differ by more than
+/// [`CHECK_TOLERANCE`]. Returns the largest difference; `model`'s sequence 0 is left empty.
+pub fn check_against_twin(model: &mut Model<'_>, twin: &mut Model<'_>) -> Result<f32, NativeError> {
+    let n_vocab = model.hparams().n_vocab;
+    let n = model.kv().n_ctx().min(twin.kv().n_ctx()).min(6) as u32;
+    let batch: Vec<BatchToken> = (0..n)
+        .map(|pos| BatchToken {
+            seq: 0,
+            token: ((pos as usize * 7919 + 1) % n_vocab) as i32,
+            pos,
+        })
+        .collect();
+    let want = vec![true; batch.len()];
+    let gpu = model.forward(&batch, &want)?.to_vec();
+    model.kv_mut().clear(0)?;
+    let cpu = twin.forward(&batch, &want)?;
+    let mut worst = 0f32;
+    for (row, (g, c)) in gpu.chunks(n_vocab).zip(cpu.chunks(n_vocab)).enumerate() {
+        let diff = g
+            .iter()
+            .zip(c)
+            .map(|(a, b)| (a - b).abs())
+            .fold(
+                0f32,
+                |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+            );
+        worst = worst.max(diff);
+        if argmax(g) != argmax(c) || diff > CHECK_TOLERANCE {
+            return Err(NativeError::Kernel {
+                what: "cuda self-check".into(),
+                why: format!(
+                    "position {row}: the GPU's logits differ from the CPU twins' (top token {} \
+                     vs {}, largest difference {diff}); refusing to serve on this GPU",
+                    argmax(g),
+                    argmax(c)
+                ),
+            });
+        }
+    }
+    Ok(worst)
+}
+
+/// The largest logit difference the self-check accepts. The kernels give their twins'
+/// bits, so any difference is a fault; this only leaves room for a driver that contracts
+/// differently, not for a wrong kernel.
+pub const CHECK_TOLERANCE: f32 = 1e-2;
 
 #[cfg(test)]
 mod tests {

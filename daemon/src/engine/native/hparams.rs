@@ -4,7 +4,7 @@ use inferloop_kernels::cpu::attention::MAX_HEAD_DIM;
 use inferloop_kernels::cpu::rope::{Rope, RopeMode};
 use inferloop_kernels::q8::QK;
 
-use super::NativeError;
+use super::error::NativeError;
 
 /// Metadata lookup by GGUF key. Integers of any width come back as `u64`, floats as `f32`;
 /// a key that is absent or of another type is `None`.

@@ -1,27 +1,40 @@
 //! The native backend's model: a Llama-family forward pass (llama, qwen2) over Q8_0 weights
-//! on `inferloop-kernels`' CPU twins, with an f16 KV cache, served to the scheduler as a
+//! with an f16 KV cache, on the CPU or a CUDA GPU, served to the scheduler as a
 //! [`super::backend::Backend`] by [`NativeBackend`].
 //!
 //! # Layout
+//! - [`error`]: [`NativeError`], what could not load or compute.
 //! - [`hparams`]: [`HParams`] from a model's metadata, read through the [`Metadata`] trait
 //!   (which the GGUF reader implements).
 //! - [`weights`]: [`Weights`], the tensors borrowed zero-copy from a [`TensorSource`]; any
 //!   linear weight that is not Q8_0 is refused at load, by name.
-//! - [`kv`]: [`KvCache`], per layer `[n_seq][n_ctx][n_head_kv][head_dim]` f16, the layout the
-//!   attention kernel reads; truncate, clear, copy a prefix between sequences.
-//! - [`forward`]: [`Model::forward`], a batch of `(seq, token, pos)` to logits rows.
-//! - [`cuda`]: the same pass on a CUDA GPU ([`Model::new_cuda`]): weights and KV cache in
-//!   GPU memory, `inferloop-kernels`' CUDA kernels.
-//! - [`gguf`]: the traits for `inferloop-gguf`'s reader, and [`open_model`] from a file.
+//! - [`batch`]: what every pass reads: [`BatchToken`], the micro-batch size [`UBATCH`],
+//!   [`Activations`].
+//! - [`kv`]: the KV cache's bookkeeping ([`Kv`], [`KvCache`]), per layer
+//!   `[n_seq][n_ctx][n_head_kv][head_dim]` f16 over a device's cells; truncate, clear,
+//!   copy a prefix between sequences.
+//! - [`pass`]: the device seam, [`Pass`]: one micro-batch through the layers, and the KV
+//!   cache the pass owns.
+//! - [`cpu`]: [`CpuPass`], the pass on `inferloop-kernels`' CPU twins, its cells in host
+//!   memory.
+//! - [`cuda`]: [`CudaPass`], the pass on its CUDA kernels, weights and cells in GPU memory.
+//! - [`forward`]: [`Model::forward`], a batch of `(seq, token, pos)` checked, cut into
+//!   micro-batches and run on the model's pass.
+//! - [`gguf`]: the traits for `inferloop-gguf`'s reader, and [`open_model`] /
+//!   [`open_model_cuda`] from a file (the latter checked against the CPU twins).
 //! - [`sampling`]: [`sampling::Sampler`], llama.cpp's sampling chain in Rust, seeded.
 //! - [`backend`]: [`NativeBackend`], the scheduler's `Backend` on [`Model::forward`].
 
 pub mod backend;
+pub mod batch;
+pub mod cpu;
 pub mod cuda;
+pub mod error;
 pub mod forward;
 pub mod gguf;
 pub mod hparams;
 pub mod kv;
+pub mod pass;
 pub mod sampling;
 pub mod synth;
 pub mod weights;
@@ -30,72 +43,13 @@ pub mod weights;
 mod tests;
 
 pub use backend::NativeBackend;
-pub use forward::{Activations, BatchToken, Model};
+pub use batch::{Activations, BatchToken, UBATCH};
+pub use cpu::CpuPass;
+pub use cuda::CudaPass;
+pub use error::NativeError;
+pub use forward::Model;
 pub use gguf::{open_model, open_model_cuda};
 pub use hparams::{Arch, HParams, Metadata};
-pub use kv::KvCache;
+pub use kv::{Kv, KvCache};
+pub use pass::Pass;
 pub use weights::{TensorKind, TensorRef, TensorSource, Weights};
-
-/// What the native model could not load or compute. Each message names the key, tensor or
-/// batch entry at fault.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum NativeError {
-    /// The file could not be read or is not a valid GGUF; the reader's message names the
-    /// path (and the offset).
-    #[error("{0}")]
-    File(String),
-    #[error("unsupported architecture `{0}`: the native backend runs llama and qwen2")]
-    UnsupportedArch(String),
-    #[error("metadata key `{key}` is missing (or not {expected})")]
-    MissingKey { key: String, expected: &'static str },
-    #[error("metadata: {0}")]
-    BadMetadata(String),
-    #[error("tensor `{0}` is missing")]
-    MissingTensor(String),
-    #[error("tensor `{name}` is {kind}; the native backend needs {expected}")]
-    TensorType {
-        name: String,
-        kind: String,
-        expected: &'static str,
-    },
-    #[error("tensor `{name}` has dims {dims:?}, {expected:?} expected")]
-    TensorShape {
-        name: String,
-        dims: Vec<u64>,
-        expected: Vec<u64>,
-    },
-    #[error("tensor `{name}` holds {got} bytes, {need} expected for its type and dims")]
-    TensorSize {
-        name: String,
-        got: usize,
-        need: usize,
-    },
-    #[error("unsupported model: {0}")]
-    Unsupported(String),
-    #[error("KV cache: {0}")]
-    Kv(String),
-    #[error("batch entry {index}: {why}")]
-    Batch { index: usize, why: String },
-    #[error("{what}: {why}")]
-    Kernel { what: String, why: String },
-}
-
-impl NativeError {
-    /// Stable label for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::File(_) => "model_file",
-            Self::UnsupportedArch(_) => "unsupported_arch",
-            Self::MissingKey { .. } => "missing_key",
-            Self::BadMetadata(_) => "bad_metadata",
-            Self::MissingTensor(_) => "missing_tensor",
-            Self::TensorType { .. } => "tensor_type",
-            Self::TensorShape { .. } => "tensor_shape",
-            Self::TensorSize { .. } => "tensor_size",
-            Self::Unsupported(_) => "unsupported_model",
-            Self::Kv(_) => "kv_cache",
-            Self::Batch { .. } => "bad_batch",
-            Self::Kernel { .. } => "kernel_failed",
-        }
-    }
-}

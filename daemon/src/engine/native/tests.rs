@@ -231,7 +231,7 @@ fn model_with<'a>(s: &'a Synth, n_seq: usize, activations: Activations) -> Model
     let hp = HParams::from_metadata(s).unwrap();
     let w = Weights::load(&hp, s).unwrap();
     let mut m = Model::new(hp, w, n_seq, N_CTX, THREADS).unwrap();
-    m.set_activations(activations);
+    m.set_activations(activations).unwrap();
     m
 }
 
@@ -407,9 +407,12 @@ fn every_isa_and_thread_count_gives_the_same_logits() {
     let mut base = None;
     for isa in Isa::available() {
         for threads in [1, 3] {
-            let mut m = model(&s, 1);
-            m.set_isa(isa);
-            m.set_threads(threads);
+            let hp = HParams::from_metadata(&s).unwrap();
+            let w = Weights::load(&hp, &s).unwrap();
+            let mut pass = CpuPass::new(hp.clone(), w, 1, N_CTX, THREADS).unwrap();
+            pass.set_isa(isa);
+            pass.set_threads(threads);
+            let mut m = Model::with_pass(hp, Box::new(pass));
             let out = m
                 .forward(&toks(0, &PROMPT_A, 0), &[true; 7])
                 .unwrap()
@@ -588,6 +591,68 @@ fn a_bad_batch_is_refused_before_anything_runs() {
     // A lower position rewrites from there on.
     m.forward(&[bt(0, 5, 1)], &[false]).unwrap();
     assert_eq!(m.kv().seq_len(0), 2);
+}
+
+/// A pass that stores nothing and fails any micro-batch holding token 49: the model's
+/// batch rules, without a model.
+struct FailingPass {
+    kv: KvCache<NoCells>,
+}
+
+struct NoCells;
+
+impl super::kv::Cells for NoCells {
+    fn copy(&mut self, _: usize, _: usize, _: usize) -> Result<(), NativeError> {
+        Ok(())
+    }
+}
+
+impl Pass for FailingPass {
+    fn run(&mut self, toks: &[BatchToken], _: &[bool], _: &mut [f32]) -> Result<(), NativeError> {
+        if toks.iter().any(|t| t.token == 49) {
+            return Err(NativeError::Kernel {
+                what: "fake".into(),
+                why: "token 49".into(),
+            });
+        }
+        self.kv.hold(toks);
+        Ok(())
+    }
+
+    fn kv(&self) -> &dyn Kv {
+        &self.kv
+    }
+
+    fn kv_mut(&mut self) -> &mut dyn Kv {
+        &mut self.kv
+    }
+
+    fn set_activations(&mut self, _: Activations) -> Result<(), NativeError> {
+        Ok(())
+    }
+
+    fn gpu(&self) -> Option<(&str, usize)> {
+        None
+    }
+}
+
+#[test]
+fn after_a_failed_micro_batch_the_batch_sequences_keep_what_they_held_before_it() {
+    let s = synth(Spec::llama(), 13);
+    let hp = HParams::from_metadata(&s).unwrap();
+    let pass = FailingPass {
+        kv: KvCache::new(hp.n_layer, 2, N_CTX, hp.kv_dim(), NoCells),
+    };
+    let mut m = Model::with_pass(hp, Box::new(pass));
+    m.forward(&toks(0, &[1, 2, 3, 4], 0), &[false; 4]).unwrap();
+    assert_eq!(m.kv().seq_len(0), 4);
+    // Sequence 1 fills the first micro-batch, which is stored; sequence 0 rewrites from
+    // position 2 in the second, which fails: both drop back to their first position here.
+    let mut batch = toks(1, &[5; UBATCH], 0);
+    batch.extend(toks(0, &[6, 49], 2));
+    let err = m.forward(&batch, &vec![false; batch.len()]).unwrap_err();
+    assert!(matches!(err, NativeError::Kernel { .. }), "{err}");
+    assert_eq!((m.kv().seq_len(0), m.kv().seq_len(1)), (2, 0));
 }
 
 /// The CUDA pass against the CPU twins on the same weights: a prompt longer than one pass

@@ -6,8 +6,8 @@ use std::fmt;
 use half::f16;
 use inferloop_kernels::q8::{row_bytes, Q8Matrix};
 
+use super::error::NativeError;
 use super::hparams::HParams;
-use super::NativeError;
 
 /// A tensor's element type as the forward pass sees it; every other GGUF type is
 /// [`TensorKind::Other`] with its name (`Q4_1`, `BF16`, …).
