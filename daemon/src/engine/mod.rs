@@ -7,8 +7,8 @@
 //! ARCHITECTURE.md for the request path.
 
 pub mod backend;
-pub mod clock;
 pub mod chat;
+pub mod clock;
 #[cfg(test)]
 mod fake;
 pub mod footprint;
@@ -17,8 +17,8 @@ pub mod logprobs;
 pub mod native;
 mod open;
 pub mod plan;
-pub mod sampling_chain;
 mod prefix;
+pub mod sampling_chain;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;

@@ -118,7 +118,7 @@ impl Decision {
     ) -> Self {
         let ledger = Ledger::new(selection.footprint(&shape, plan), margin_bytes);
         let plan = SizedPlan {
-            engine: *plan,
+            engine: plan.clone(),
             backend: selection.name(),
             device: selection.device,
             margin_bytes,
