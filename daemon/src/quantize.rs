@@ -236,7 +236,7 @@ fn quantize_file(
     threads: u32,
 ) -> Result<u32, QuantizeError> {
     // The process's llama.cpp backend (initialised once, shared with any loaded model).
-    crate::engine::model::llama_backend().map_err(QuantizeError::Backend)?;
+    crate::engine::chat::model::llama_backend().map_err(QuantizeError::Backend)?;
     let c_in = c_path(input)?;
     let c_out = c_path(output)?;
     // SAFETY: returns a plain struct by value.

@@ -26,9 +26,9 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::engine::model::ChatTurn;
+use crate::engine::chat::ChatTurn;
+use crate::engine::chat::Limit;
 use crate::engine::native::{self, BatchToken, NativeError};
-use crate::engine::prompt::Limit;
 use crate::engine::{open_native, Device, EngineError, LoadedModel};
 
 mod compare;

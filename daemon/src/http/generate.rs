@@ -21,8 +21,8 @@ use super::wire::{
     CompletionLogprobs, WireFunctionCall, WireToolCall, FINGERPRINT,
 };
 use super::AppState;
+use crate::engine::chat::{Limit, PromptError};
 use crate::engine::constraint::{Constraint, Grammar};
-use crate::engine::prompt::{Limit, PromptError};
 use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
 use crate::tools::{Format, ToolUse};
 

@@ -5,8 +5,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::LazyLock;
 use std::time::Instant;
 
-use inferloopd::engine::model::ChatTurn;
-use inferloopd::engine::prompt::{Limit, PromptError};
+use inferloopd::engine::chat::ChatTurn;
+use inferloopd::engine::chat::{Limit, PromptError};
 use inferloopd::engine::LoadedModel;
 use serde_json::{json, Value};
 

@@ -6,8 +6,9 @@
 
 use std::path::PathBuf;
 
-use inferloopd::engine::model::ChatTurn;
-use inferloopd::engine::prompt::{render_marked, Piece, PromptError};
+use inferloopd::engine::chat::prompt::{render_marked, Piece};
+use inferloopd::engine::chat::ChatTurn;
+use inferloopd::engine::chat::PromptError;
 use inferloopd::engine::template::JinjaTemplate;
 use serde_json::{json, Value};
 

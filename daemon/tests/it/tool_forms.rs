@@ -167,7 +167,7 @@ fn a_forms_marker_token_is_spelled_out_in_the_output() {
         ("llama3.2", "llama3", tag, tag_text, calls),
         ("mistral-nemo", "mistral", calls, calls_text, tag),
     ] {
-        let m = inferloopd::engine::model::LoadedModel::load_with(
+        let m = inferloopd::engine::chat::LoadedModel::load_with(
             &model,
             "markers".into(),
             Some(std::path::Path::new(&fixture(template))),

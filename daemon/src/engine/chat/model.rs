@@ -17,7 +17,7 @@ use super::prompt;
 use super::template::{ChatTemplate, JinjaTemplate};
 use super::tokens::{Prompt, Vocabulary};
 use super::turn::ChatTurn;
-use crate::engine::EngineError;
+use crate::engine::types::EngineError;
 use crate::tools::{Format, ToolUse};
 
 /// Facts about the model that the API and status routes report.

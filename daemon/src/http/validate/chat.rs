@@ -8,8 +8,8 @@ use super::output::{check_max_tokens, check_n, stops, stream_usage};
 use super::request::{unsupported, Input, InvalidRequest, ValidRequest};
 use super::sampling::{logit_bias, sampling};
 use super::tools::tool_use;
+use crate::engine::chat::ChatTurn;
 use crate::engine::logprobs::MAX_TOP_LOGPROBS;
-use crate::engine::model::ChatTurn;
 use crate::http::wire::{ChatCompletionRequest, MessageContent};
 use crate::tools::{PastCall, ToolUse};
 

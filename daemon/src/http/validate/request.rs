@@ -1,8 +1,8 @@
 //! What validation yields and refuses: [`ValidRequest`], its [`Input`], and
 //! [`InvalidRequest`], whose message names the field at fault.
 
+use crate::engine::chat::ChatTurn;
 use crate::engine::constraint::Grammar;
-use crate::engine::model::ChatTurn;
 use crate::engine::SamplingParams;
 use crate::tools::ToolUse;
 

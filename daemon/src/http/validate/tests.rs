@@ -1,8 +1,8 @@
 //! Unit tests of request validation: each refusal names its field.
 
 use super::*;
+use crate::engine::chat::ChatTurn;
 use crate::engine::constraint::Grammar;
-use crate::engine::model::ChatTurn;
 use crate::tools::{PastCall, ToolChoice};
 
 fn chat_json(body: &str) -> Result<ValidRequest, InvalidRequest> {

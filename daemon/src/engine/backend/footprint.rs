@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use super::backend::Device;
 use super::native::forward::UBATCH;
-use super::plan::EnginePlan;
+use super::seam::Device;
+use crate::engine::plan::EnginePlan;
 use inferloop_gguf::ModelShape;
 
 const MIB: f64 = 1024.0 * 1024.0;

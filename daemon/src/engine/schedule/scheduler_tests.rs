@@ -10,13 +10,15 @@ use inferloop_thermal::ThermalState;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::sync::oneshot;
 
-use super::clock::{Clock, ManualClock};
-use super::fake::{Fake, FakeVocab};
-use super::plan::{EnginePlan, STEP_TOKENS};
 use super::scheduler::Scheduler;
 use super::thread::{self, Command};
-use super::{EngineError, Event, FinishReason, GenerationRequest, Load, SamplingParams};
 use crate::config::PrefixCache;
+use crate::engine::backend::fake::{Fake, FakeVocab};
+use crate::engine::clock::{Clock, ManualClock};
+use crate::engine::plan::{EnginePlan, STEP_TOKENS};
+use crate::engine::types::{
+    EngineError, Event, FinishReason, GenerationRequest, Load, SamplingParams,
+};
 use crate::http::error::ApiError;
 use crate::metrics::Metrics;
 use crate::thermal::{GateFeed, ThermalGate};

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::backend::Vocab;
-use super::logprobs::TokenLogprobs;
 use super::state::Waiter;
 use super::text::TextStream;
-use super::{
+use crate::engine::backend::logprobs::TokenLogprobs;
+use crate::engine::backend::seam::Vocab;
+use crate::engine::types::{
     EngineError, Event, FinishReason, GenerationRequest, PromptTokensDetails, SamplingParams,
     Timings, TokenLogprob, Usage,
 };

@@ -2,7 +2,7 @@
 //! in which order, with which constants. The llama.cpp backend builds its sampler from this
 //! list and the native backend applies the same list itself, so the two cannot drift.
 
-use super::SamplingParams;
+use crate::engine::types::SamplingParams;
 
 /// Sampled tokens the frequency and presence penalties look back over (llama.cpp's
 /// `penalty_last_n`).

@@ -7,10 +7,10 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::backend::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
-use super::clock::ManualClock;
 use super::logprobs::TokenLogprobs;
-use super::SamplingParams;
+use super::seam::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use crate::engine::clock::ManualClock;
+use crate::engine::types::SamplingParams;
 
 /// The token the fake vocabulary reads as end of generation.
 pub const END: i32 = 2;

@@ -240,6 +240,3 @@ pub struct Admitted<J> {
     pub job: J,
     pub waited: Duration,
 }
-
-#[cfg(test)]
-mod tests;

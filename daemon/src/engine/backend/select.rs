@@ -7,10 +7,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-pub use super::backend::{Capabilities, Device};
 use super::footprint::{self, Footprint};
-use super::plan::EnginePlan;
+pub use super::seam::{Capabilities, Device};
 use crate::config::{BackendChoice, DeviceChoice};
+use crate::engine::plan::EnginePlan;
 use crate::metrics::text::TextWriter;
 use inferloop_gguf::ModelShape;
 
@@ -83,7 +83,7 @@ impl Selection {
     pub fn status_details(&self) -> [(&'static str, serde_json::Value); 2] {
         let (llama, native) = match self.backend {
             BackendKind::LlamaCpp => (
-                serde_json::json!({ "system_info": super::llama_system_info() }),
+                serde_json::json!({ "system_info": crate::engine::chat::model::llama_system_info() }),
                 serde_json::Value::Null,
             ),
             BackendKind::Native => (

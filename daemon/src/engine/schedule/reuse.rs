@@ -1,10 +1,10 @@
 //! The scheduler's prompt reuse: which prefix an admitted request takes and from where,
 //! requests waiting for a prefix another is computing, and eviction from a shared pool.
 
-use super::super::backend::Backend;
-use super::super::prefix::{common_prefix, Hit, MIN_COPY, TILE_ROWS};
-use super::super::sequence::{Phase, Sequence};
-use super::Scheduler;
+use super::prefix::{common_prefix, Hit, MIN_COPY, TILE_ROWS};
+use super::scheduler::Scheduler;
+use super::sequence::{Phase, Sequence};
+use crate::engine::backend::seam::Backend;
 
 impl<B: Backend> Scheduler<'_, B> {
     /// Gives a just-admitted sequence its reusable prefix: now, from the slots' resident

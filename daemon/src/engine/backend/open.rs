@@ -5,12 +5,13 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::backend::{Backend, Device};
 use super::llama::LlamaCpp;
 use super::native::{self, NativeBackend, NativeError};
-use super::plan::EnginePlan;
+use super::seam::{Backend, Device};
 use super::select::{BackendKind, Selection};
-use super::{EngineError, LoadedModel};
+use crate::engine::chat::model::LoadedModel;
+use crate::engine::plan::EnginePlan;
+use crate::engine::types::EngineError;
 
 /// The backend `selection` names, sized by `plan`, over `model` (which holds the weights for
 /// llama.cpp and the vocabulary for the native backend, see `Capabilities::own_weights`).

@@ -10,13 +10,14 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
-use super::backend::{
+use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
+use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
+use super::seam::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab, Work,
 };
-use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
-use super::plan::EnginePlan;
-use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
-use super::{EngineError, LoadedModel, SamplingParams};
+use crate::engine::chat::model::LoadedModel;
+use crate::engine::plan::EnginePlan;
+use crate::engine::types::{EngineError, SamplingParams};
 
 /// llama.cpp on the CPU: grammars through llguidance, a unified KV pool, its own weights.
 pub const CAPABILITIES: Capabilities = Capabilities {

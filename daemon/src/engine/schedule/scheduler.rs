@@ -13,38 +13,36 @@ use std::time::Duration;
 
 use inferloop_thermal::ThermalState;
 
-use super::backend::{Backend, StepPlan, Vocab, Work};
-use super::clock::Clock;
-use super::plan::EnginePlan;
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
 use super::thread::Command;
-use super::{EngineError, Load};
+use crate::engine::backend::seam::{Backend, StepPlan, Vocab, Work};
+use crate::engine::clock::Clock;
+use crate::engine::plan::EnginePlan;
+use crate::engine::types::{EngineError, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
-
-mod reuse;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
 pub(super) struct Scheduler<'v, B> {
-    backend: B,
-    vocab: &'v dyn Vocab,
-    plan: EnginePlan,
-    state: State<Sequence>,
+    pub(super) backend: B,
+    pub(super) vocab: &'v dyn Vocab,
+    pub(super) plan: EnginePlan,
+    pub(super) state: State<Sequence>,
     /// The sequence in each slot; the slot index is its backend sequence id.
-    seqs: Vec<Option<Sequence>>,
-    metrics: Arc<Metrics>,
-    load: Arc<Mutex<Load>>,
-    thermal: ThermalGate,
+    pub(super) seqs: Vec<Option<Sequence>>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) load: Arc<Mutex<Load>>,
+    pub(super) thermal: ThermalGate,
     /// The thermal state the admission cap was last set for.
-    thermal_state: ThermalState,
+    pub(super) thermal_state: ThermalState,
     /// What each slot's KV cells hold, for prompt reuse.
-    prefix: PrefixIndex,
+    pub(super) prefix: PrefixIndex,
     /// Every "now" the scheduler reads: queue waits, timeouts, token times, the heartbeat.
-    clock: Arc<dyn Clock>,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl<'v, B: Backend> Scheduler<'v, B> {
@@ -219,7 +217,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             // Validation never lets one through; a sequence with nothing to feed would
             // never leave its slot.
             let opened = if seq.prompt.is_empty() {
-                Err(super::backend::BackendError::Sequence(
+                Err(crate::engine::backend::seam::BackendError::Sequence(
                     "empty prompt".into(),
                 ))
             } else {

@@ -11,7 +11,7 @@
 use serde::Serialize;
 
 use super::logprobs::TokenLogprobs;
-use super::SamplingParams;
+use crate::engine::types::SamplingParams;
 
 /// Where a backend computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

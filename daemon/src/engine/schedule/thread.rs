@@ -7,15 +7,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::backend::{Backend, Vocab};
-use super::clock::Clock;
-use super::plan::EnginePlan;
 use super::scheduler::Scheduler;
-use super::{EngineError, Event, GenerationRequest, Load};
+use crate::engine::backend::seam::{Backend, Vocab};
+use crate::engine::clock::Clock;
+use crate::engine::plan::EnginePlan;
+use crate::engine::types::{EngineError, Event, GenerationRequest, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
 
-pub(super) enum Command {
+pub(crate) enum Command {
     Submit {
         request: GenerationRequest,
         events: mpsc::UnboundedSender<Event>,
@@ -26,7 +26,7 @@ pub(super) enum Command {
 
 /// The scheduler thread's handle: send work, read the load, stop it. Cheap to clone.
 #[derive(Clone)]
-pub(super) struct Handle {
+pub(crate) struct Handle {
     tx: Sender<Command>,
     load: Arc<Mutex<Load>>,
     /// Set once the thread has returned (its backend dropped).
@@ -37,7 +37,7 @@ pub(super) struct Handle {
 
 /// What the thread body gets: everything but the backend, which it builds itself (a
 /// llama.cpp context borrows the model and must live on the thread that uses it).
-pub(super) struct Runner {
+pub(crate) struct Runner {
     rx: Receiver<Command>,
     ready: Sender<Result<(), EngineError>>,
     plan: EnginePlan,
@@ -78,7 +78,7 @@ impl Runner {
 
 /// Starts the scheduler thread; `body` builds the backend and calls [`Runner::run`].
 /// Returns once the backend exists, so its failure is a start-up failure.
-pub(super) fn spawn(
+pub(crate) fn spawn(
     plan: EnginePlan,
     metrics: Arc<Metrics>,
     thermal: ThermalGate,

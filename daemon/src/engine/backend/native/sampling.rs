@@ -10,12 +10,12 @@ use std::collections::VecDeque;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine::logprobs::{apply_bias, Distribution, TokenLogprobs};
-use crate::engine::sampling_chain::{self, Stage};
-use crate::engine::SamplingParams;
+use crate::engine::backend::logprobs::{apply_bias, Distribution, TokenLogprobs};
+use crate::engine::backend::sampling_chain::{self, Stage};
+use crate::engine::types::SamplingParams;
 
 /// The penalty window, where it lived before the chain had its own module.
-pub use crate::engine::sampling_chain::PENALTY_LAST_N;
+pub use crate::engine::backend::sampling_chain::PENALTY_LAST_N;
 
 /// One sequence's sampler: its settings, its chain, its random stream and the tokens it
 /// produced.

@@ -1,6 +1,8 @@
 //! The admission rules of [`State`](super::State), on plain jobs and hand-picked instants.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use super::state::*;
 use std::cell::Cell;
 use std::rc::Rc;
 

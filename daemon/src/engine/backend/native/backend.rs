@@ -4,10 +4,10 @@
 use super::batch::BatchToken;
 use super::forward::Model;
 use super::sampling::Sampler;
-use crate::engine::backend::{
+use crate::engine::backend::seam::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
 };
-use crate::engine::SamplingParams;
+use crate::engine::types::SamplingParams;
 
 /// Per-sequence KV streams and Rust samplers: no grammar, no shared pool; the CPU twins or
 /// the CUDA kernels.
@@ -222,10 +222,10 @@ mod tests {
     use super::super::synth::{synth, Spec, Synth};
     use super::super::{HParams, Weights};
     use super::*;
-    use crate::engine::fake::FakeVocab;
+    use crate::engine::backend::fake::FakeVocab;
     use crate::engine::plan::{EnginePlan, STEP_TOKENS};
-    use crate::engine::thread::spawn;
-    use crate::engine::{Event, FinishReason, GenerationRequest};
+    use crate::engine::schedule::thread::spawn;
+    use crate::engine::types::{Event, FinishReason, GenerationRequest};
     use crate::metrics::Metrics;
     use crate::thermal::ThermalGate;
 

@@ -1,0 +1,23 @@
+//! The scheduler thread: continuous batching over a backend, stepped one turn at a time on a
+//! clock.
+//!
+//! # Layout
+//! - [`thread`]: the thread and its handle; requests in as commands, the load out.
+//! - [`scheduler`]: one turn: take commands, admit, plan a step, run it, deliver (with
+//!   `reuse`: a new request starting on a resident prompt prefix).
+//! - [`state`]: the queue and the slots, admission by slots and KV cells.
+//! - [`sequence`]: one request's life in a slot, phase by phase.
+//! - [`prefix`]: the index of resident prompt prefixes.
+//! - [`text`]: sampled tokens to UTF-8 text, held back at a possible stop string.
+
+pub mod prefix;
+mod reuse;
+pub mod scheduler;
+#[cfg(test)]
+mod scheduler_tests;
+pub mod sequence;
+pub mod state;
+#[cfg(test)]
+mod state_tests;
+pub mod text;
+pub mod thread;
