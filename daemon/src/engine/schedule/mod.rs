@@ -2,7 +2,7 @@
 //! clock.
 //!
 //! # Layout
-//! - [`thread`]: the thread and its handle; requests in as commands, the load out.
+//! - [`thread`]: the thread and its handle; requests in as [`command`]s, the load out.
 //! - [`scheduler`]: one turn: take commands, admit, plan a step, run it, deliver (with
 //!   `reuse`: a new request starting on a resident prompt prefix).
 //! - [`state`]: the queue and the slots, admission by slots and KV cells.
@@ -10,6 +10,7 @@
 //! - [`prefix`]: the index of resident prompt prefixes.
 //! - [`text`]: sampled tokens to UTF-8 text, held back at a possible stop string.
 
+pub mod command;
 pub mod prefix;
 mod reuse;
 pub mod scheduler;

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use inferloop_thermal::ThermalState;
 
+use super::command::Command;
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
-use super::thread::Command;
 use crate::engine::backend::seam::{Backend, StepPlan, Vocab, Work};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;

@@ -10,8 +10,9 @@ use inferloop_thermal::ThermalState;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::sync::oneshot;
 
+use super::command::Command;
 use super::scheduler::Scheduler;
-use super::thread::{self, Command};
+use super::thread;
 use crate::config::PrefixCache;
 use crate::engine::backend::fake::{Fake, FakeVocab};
 use crate::engine::clock::{Clock, ManualClock};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::command::Command;
 use super::scheduler::Scheduler;
 use crate::engine::backend::seam::{Backend, Vocab};
 use crate::engine::clock::Clock;
@@ -14,15 +15,6 @@ use crate::engine::plan::EnginePlan;
 use crate::engine::types::{EngineError, Event, GenerationRequest, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
-
-pub(crate) enum Command {
-    Submit {
-        request: GenerationRequest,
-        events: mpsc::UnboundedSender<Event>,
-        accepted: oneshot::Sender<Result<(), EngineError>>,
-    },
-    Shutdown,
-}
 
 /// The scheduler thread's handle: send work, read the load, stop it. Cheap to clone.
 #[derive(Clone)]
