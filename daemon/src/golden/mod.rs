@@ -114,12 +114,8 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         path: req.model.clone(),
         source,
     };
-    if req.device == Device::Cuda && req.activations == native::Activations::F32 {
-        return Err(native_load(NativeError::Unsupported(
-            "the CUDA pass multiplies Q8 activations only (--activations q8)".into(),
-        )));
-    }
-    // Opened as the server opens it, one sequence of the longest prompt's context.
+    // Opened as the server opens it, one sequence of the longest prompt's context; a pass
+    // that cannot multiply these activations (F32 on CUDA) refuses them by name.
     let mut native =
         open_native(&req.model, req.device, 1, n_ctx, req.threads).map_err(native_load)?;
     native
