@@ -309,7 +309,8 @@ async fn metrics_status_and_history_report_the_fixture() {
     board.set_gpu_celsius(75.0);
     d.wait_metrics(SETTLE, "hot state exported", |m| {
         m.contains("inferloop_thermal_state 1\n")
-            && m.contains("inferloop_temperature_celsius{zone=\"gpu-thermal\"} 75\n")
+            // prometheus-client writes a whole float with its `.0`.
+            && m.contains("inferloop_temperature_celsius{zone=\"gpu-thermal\"} 75.0\n")
     })
     .await;
 }
