@@ -1,5 +1,5 @@
-//! Process exit codes, documented in the README; supervisors and the qualification suite
-//! rely on them.
+//! Process exit codes, documented in docs/configuration.md; supervisors and the
+//! qualification suite rely on them.
 
 /// Why the daemon stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,15 +1,17 @@
-//! `inferloopd`: an OpenAI-compatible LLM server for edge boxes, on llama.cpp.
+//! `inferloopd`: an OpenAI-compatible LLM server for edge boxes, on llama.cpp or the native
+//! Q8_0 backend (CPU twins or CUDA).
 //!
 //! # Layout
-//! - [`boot`]: the gates before load: weights vs manifest (exit 3), memory ledger (exit 1).
+//! - [`boot`]: the gates before load: weights vs manifest (exit 3), the engine plan and the
+//!   backend selection (exit 2), the memory ledger (exit 1).
 //! - [`config`]: serve settings from file, flags and environment, checked as a whole.
 //! - [`http`]: routes, OpenAI wire types, errors, SSE; nothing below it knows HTTP.
 //!   [`http::validate`]: wire request → [`http::validate::ValidRequest`], one module per
 //!   request kind; bad input stops here.
-//! - [`tools`]: tool calls in the Hermes form: the system text, the grammar that forces a
-//!   call, the parser of the model's text (whole or streamed).
-//! - [`engine`]: the loaded model, the scheduler state and the decode thread
-//!   (continuous batching over one llama.cpp context).
+//! - [`tools`]: tool calls in the model's own form (Hermes, Llama 3, Mistral): the system
+//!   text, the grammar that forces a call, the parser of the model's text (whole or streamed).
+//! - [`engine`]: the handle, the plan, the backends behind one seam (`engine::backend`), the
+//!   scheduler thread (`engine::schedule`) and the chat path (`engine::chat`).
 //! - [`ledger`]: the memory ledger (GGUF header → bytes per term) and the limits it
 //!   is checked against (cgroup v1/v2, MemAvailable, budget).
 //! - [`metrics`]: Prometheus series in a `prometheus-client` registry; series computed at
