@@ -46,9 +46,10 @@ help:
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
-	@echo "  kernels-check  compile every CUDA kernel for sm_87/sm_90 with NVRTC + ptxas from PyPI (no GPU) -> out/kernels/"
+	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
-	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1)"
+	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
+	@echo "  device-check-rehearse  device-check.sh three ways: on the emulator (passes), no libcuda, a corrupted module (both fail naming it)"
 	@echo "  kernels-test-aarch64  the CPU twins' tests cross-built for aarch64, run under qemu-user (NEON)"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
@@ -165,13 +166,16 @@ cuda-sim-test: $(VENV)/.installed model-q8
 kernels-test-aarch64:
 	scripts/kernels-aarch64.sh
 
-# What scripts/device-check.sh needs on a GPU machine without a toolchain: the kernel test
-# executables (the emulator's own live in inferloop-cuda-sim and need a C++ compiler), q8-bench
-# with its GPU clock reading and the PTX from kernels-check (TARGET= cross-builds for a Jetson).
+# What scripts/device-check.sh needs on a GPU machine without a toolchain: gpu-preflight and
+# q8-bench (with the thermal reading), the kernel test executables (the emulator's own live in
+# inferloop-cuda-sim and need a C++ compiler), native_decode, the daemon's test binary, and
+# kernels/ (sm_87 and sm_90 cubins, PTX 8.2) from kernels-check (TARGET= cross-builds for a
+# Jetson). kernels/ is the layout the daemon looks for next to its binary, in
+# INFERLOOP_KERNELS_DIR or in /usr/lib/inferloop/kernels.
 TARGET ?=
 device-bundle: kernels-check
-	rm -rf out/device && mkdir -p out/device/tests out/device/ptx
-	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench $(if $(TARGET),--target $(TARGET))
+	rm -rf out/device && mkdir -p out/device/tests out/device/kernels
+	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench --bin gpu-preflight $(if $(TARGET),--target $(TARGET))
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
 	mkdir -p out/device/daemon
@@ -179,17 +183,21 @@ device-bundle: kernels-check
 	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
 	cargo test --release $(LOCKED) -p inferloopd --lib --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/daemon/inferloopd-lib") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"]=="inferloopd"]'
-	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench scripts/device-check.sh out/device/
-	cp -r out/kernels/sm_* out/device/ptx/
+	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench target/$(if $(TARGET),$(TARGET)/)release/gpu-preflight scripts/device-check.sh out/device/
+	cp -r out/kernels/sm_* out/kernels/ptx out/device/kernels/
 	du -sh out/device
 
 # The bundle and scripts/device-check.sh dry-run here on the CUDA emulator (QUICK=1: small
-# shapes, few tokens), so that the script a lent GPU runs has run once end to end (~3 min).
-.PHONY: device-check-sim
+# shapes, few tokens), so that the script a lent GPU runs has run once end to end (~3 min);
+# out/device-check-sim/summary.json. The rehearsal adds the two runs that must fail closed.
+.PHONY: device-check-sim device-check-rehearse
 device-check-sim: device-bundle cuda-sim
 	rm -rf out/device-check-sim
 	LD_LIBRARY_PATH=$(abspath out/cuda-sim/lib) PTX_DIR=$(abspath out/cuda-sim/modules) QUICK=1 \
 	  OUT=$(abspath out/device-check-sim) out/device/device-check.sh
+
+device-check-rehearse: device-bundle cuda-sim
+	scripts/device-check-rehearse.sh
 
 DEVICE ?= cpu
 kernel-bench:

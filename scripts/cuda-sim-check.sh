@@ -8,7 +8,8 @@
 #
 #   1. every CUDA kernel test against its twin and the daemon's CUDA forward pass against
 #      the CPU twins, bit for bit, with each block's threads run first-to-last and again
-#      last-to-first (a missing barrier shows in one of the two orders);
+#      last-to-first (a missing barrier shows in one of the two orders); with
+#      INFERLOOP_REQUIRE_GPU=1, and every GPU test listed must have run on the emulator;
 #   2. golden on the real Q8_0 model: --device cuda reports what --device cpu reports;
 #   3. the daemon served with --backend native --device cuda answers the openai client
 #      exactly as --device cpu does, whole and streamed;
@@ -33,14 +34,26 @@ env_lines=$(target/release/cuda-sim --out "$out")
 while read -r line; do export "${line?}"; done <<< "$env_lines"
 echo "$env_lines"
 
-# A test that found no GPU says "GPU test skipped"; here that means the emulator was not
-# picked up, which must fail rather than pass silently.
-no_skips() {
+# INFERLOOP_REQUIRE_GPU=1: a GPU test that cannot open the (emulated) GPU panics instead of
+# saying "GPU test skipped" and passing. Each GPU test (one under a `gpu::` module) prints
+# "GPU test ran: <name>"; every listed one must have, and the count is printed.
+export INFERLOOP_REQUIRE_GPU=1
+gpu_listed=$(cargo test --release $LOCKED --workspace -- gpu cuda --list 2>/dev/null \
+    | sed -n 's/: test$//p' | grep -E '(^|::)gpu::' | sort -u)
+all_gpu_tests_ran() {
+    local got missing
     if grep -q "GPU test skipped" "$1"; then
         grep "GPU test skipped" "$1" | sort | uniq -c
         echo "cuda-sim: tests skipped their GPU part: the emulator was not loaded" >&2
         exit 1
     fi
+    got=$(sed -n 's/.*GPU test ran: \([^ ]*\).*/\1/p' "$1" | sort -u)
+    missing=$(comm -23 <(printf '%s\n' "$gpu_listed") <(printf '%s\n' "$got"))
+    if [ -n "$missing" ] || [ -z "$gpu_listed" ]; then
+        echo "cuda-sim: GPU tests listed but not run on the emulator: ${missing:-none listed}" >&2
+        exit 1
+    fi
+    echo "  $(printf '%s\n' "$got" | grep -c .) GPU tests ran on the emulator, as many as listed"
 }
 
 # Every test named gpu or cuda in the workspace: the kernels against their twins and the
@@ -50,7 +63,7 @@ for order in forward reverse; do
     INFERLOOP_SIM_ORDER=$order cargo test --release $LOCKED --workspace -- gpu cuda --nocapture \
         > "$out/check/tests-$order.log" 2>&1 || { tail -50 "$out/check/tests-$order.log"; exit 1; }
     grep -E "^test .* ok$" "$out/check/tests-$order.log" | grep -E "gpu|cuda" | sed 's/^/  /'
-    no_skips "$out/check/tests-$order.log"
+    all_gpu_tests_ran "$out/check/tests-$order.log"
 done
 
 step "golden on $MODEL_Q8: --device cuda against --device cpu"

@@ -15,6 +15,32 @@ macro_rules! sources {
     };
 }
 
+impl Source {
+    /// The names of its `extern "C" __global__` kernels, in file order.
+    pub fn entries(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for (at, _) in self.code.match_indices("extern \"C\" __global__") {
+            let mut rest = self.code[at..]
+                .trim_start_matches("extern \"C\" __global__")
+                .trim_start();
+            rest = rest.strip_prefix("void").unwrap_or(rest).trim_start();
+            if let Some(after) = rest.strip_prefix("__launch_bounds__") {
+                // Skip the parenthesised bounds (no nested parentheses in them).
+                rest = after.split_once(')').map_or(after, |(_, r)| r).trim_start();
+                rest = rest.strip_prefix("void").unwrap_or(rest).trim_start();
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                names.push(name);
+            }
+        }
+        names
+    }
+}
+
 /// Every kernel source, in a stable order (the compile table follows it).
 pub const SOURCES: &[Source] = sources![
     "q8_gemv",
@@ -31,4 +57,17 @@ pub const SOURCES: &[Source] = sources![
 /// The source named `name`.
 pub fn source(name: &str) -> Option<&'static Source> {
     SOURCES.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_read_from_the_sources() {
+        assert_eq!(source("q8_gemv").map(Source::entries).unwrap(), ["q8_gemv_f32"]);
+        let attn = source("attention").map(Source::entries).unwrap();
+        assert_eq!(attn, ["attn_partial_f16", "attn_combine_f32"]);
+        assert!(SOURCES.iter().all(|s| !s.entries().is_empty()));
+    }
 }

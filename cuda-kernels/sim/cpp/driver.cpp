@@ -9,6 +9,13 @@
 // its buffer faults with a message naming the kernel, block, thread and allocation, or its
 // launch fails naming the corrupted allocation. Work on a stream runs at once (every stream
 // is synchronous), which is one valid order of a CUDA program's work.
+//
+// What a GPU does differently and is modelled here: the device's limits come from a profile
+// (sim_profile.hpp: INFERLOOP_SIM_PROFILE=orin-nx, the default, or h200); memory pools are
+// reported supported, as on both parts, so cudarc allocates with cuMemAllocAsync and frees
+// with cuMemFreeAsync into the device's default pool, which hands the same addresses out
+// again (a freed block is inaccessible until then, so a use after free faults) and gives
+// memory back at synchronisation above its release threshold, as a real pool does.
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -25,6 +32,7 @@
 #include <string>
 
 #include "sim_abi.h"
+#include "sim_profile.hpp"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -74,10 +82,12 @@ namespace {
 constexpr size_t kPage = 4096;
 constexpr size_t kAlign = 256;
 constexpr unsigned char kCanary = 0xa5;
-// What the emulated device reports: an Orin-class part (sm_87), 16 GiB.
-constexpr int kMajor = 8, kMinor = 7;
-constexpr size_t kTotalMem = 16ull << 30;
-const char* const kName = "InferLoop CUDA emulator (host CPU, not a GPU)";
+// The emulated device's limits: INFERLOOP_SIM_PROFILE's, or the default's when that names
+// no profile (cuInit then fails, saying so).
+const SimProfile& prof() {
+    static const SimProfile* p = sim_profile();
+    return p ? *p : kSimProfiles[0];
+}
 
 struct Alloc {
     char* map;       // the whole mapping, guard pages included
@@ -86,12 +96,24 @@ struct Alloc {
     size_t data_len; // data pages only
     size_t size;     // what was asked for
     uint64_t serial;
+    bool pooled;     // from cuMemAllocAsync: goes back to the pool when freed
 };
+
+// The device's default memory pool: freed blocks by their data length, kept mapped but
+// inaccessible until an allocation of that length takes one back.
+struct SimPool {
+    uint64_t release_threshold = 0;
+    int reuse[3] = {1, 1, 1};  // CU_MEMPOOL_ATTR_REUSE_*: accepted, all reuse is immediate
+    uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+    std::multimap<size_t, Alloc> free_blocks;
+};
+typedef SimPool* CUmemoryPool;
 
 std::mutex mu;
 std::map<uintptr_t, Alloc> allocs;  // by device address (the start of what was asked for)
 uint64_t next_serial = 1;
 size_t in_use = 0;
+SimPool pool;
 bool initialised = false;
 SimCtx primary{0};
 thread_local CUcontext current = nullptr;
@@ -129,7 +151,18 @@ void on_fault(int sig, siginfo_t* info, void*) {
     const uintptr_t p = (uintptr_t)info->si_addr;
     const Alloc* a = find_mapping(p);
     int n;
-    if (a) {
+    const Alloc* freed = nullptr;
+    for (const auto& [len, b] : pool.free_blocks)
+        if (p >= (uintptr_t)b.map && p < (uintptr_t)b.map + b.map_len) freed = &b;
+    if (!a && freed) {
+        n = snprintf(buf, sizeof buf,
+                     "cuda-sim: illegal address 0x%lx in kernel %s, block (%u,%u,%u) thread "
+                     "(%u,%u,%u): inside allocation #%lu (%zu bytes), already freed to the "
+                     "memory pool (use after cuMemFreeAsync)\n",
+                     (unsigned long)p, where.kernel ? where.kernel : "(host code)",
+                     where.block.x, where.block.y, where.block.z, where.thread.x,
+                     where.thread.y, where.thread.z, (unsigned long)freed->serial, freed->size);
+    } else if (a) {
         const uintptr_t start = (uintptr_t)a->data + (a->data_len - a->size) / kAlign * kAlign;
         n = snprintf(buf, sizeof buf,
                      "cuda-sim: illegal address 0x%lx in kernel %s, block (%u,%u,%u) thread "
@@ -162,6 +195,38 @@ bool canaries_intact(const Alloc& a, uintptr_t start) {
 
 CUresult need_init() { return initialised ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
 
+// Places a buffer of `size` bytes in the data pages of `a`: as late as its 256-byte aligned
+// start allows, canaries around it, the fresh-memory pattern inside.
+uintptr_t place(Alloc& a, size_t size) {
+    const uintptr_t start = ((uintptr_t)a.data + a.data_len - size) / kAlign * kAlign;
+    memset(a.data, kCanary, a.data_len);
+    // Fresh device memory is not zero on a GPU either; a pattern makes reading it before
+    // writing it visible. (A real pool hands back the old bytes; the pattern is stricter.)
+    memset((void*)start, 0xcd, size);
+    a.size = size;
+    a.serial = next_serial++;
+    return start;
+}
+
+size_t data_len_for(size_t size) { return (size + kAlign - 1 + kPage - 1) / kPage * kPage; }
+
+// Gives freed pool blocks back to the system until the pool reserves at most `keep` bytes.
+void trim_pool(uint64_t keep) {
+    for (auto it = pool.free_blocks.begin(); it != pool.free_blocks.end() && pool.reserved > keep;) {
+        munmap(it->second.map, it->second.map_len);
+        pool.reserved -= it->first;
+        it = pool.free_blocks.erase(it);
+    }
+}
+
+// What a synchronisation does to the pool: memory above the release threshold goes back.
+void pool_sync() {
+    std::lock_guard<std::mutex> g(mu);
+    trim_pool(pool.release_threshold);
+}
+
+size_t pool_idle_bytes() { return pool.reserved - pool.used; }
+
 CUresult copy(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_dev, size_t n,
               const char* what) {
     if (n == 0) return CUDA_SUCCESS;
@@ -187,6 +252,11 @@ extern "C" {
 CUresult cuInit(unsigned flags) {
     (void)flags;
     std::lock_guard<std::mutex> g(mu);
+    if (!sim_profile()) {
+        say("INFERLOOP_SIM_PROFILE=%s names no profile (orin-nx, h200)",
+            getenv("INFERLOOP_SIM_PROFILE"));
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (!initialised) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -200,7 +270,7 @@ CUresult cuInit(unsigned flags) {
 }
 
 CUresult cuDriverGetVersion(int* v) {
-    *v = 12020;
+    *v = prof().driver_version;
     return CUDA_SUCCESS;
 }
 
@@ -219,33 +289,49 @@ CUresult cuDeviceGet(CUdevice* d, int ordinal) {
 CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
     if (len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "%s", kName);
+    snprintf(name, (size_t)len, "InferLoop CUDA emulator (host CPU, not a GPU; profile %s)",
+             prof().name);
     return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = kTotalMem;
+    *bytes = prof().total_mem;
     return CUDA_SUCCESS;
 }
 
-// Attribute numbers are CUdevice_attribute's.
+// Attribute numbers are CUdevice_attribute's; limits come from the profile.
 CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    const SimProfile& p = prof();
     switch (attr) {
-        case 1: *v = 1024; break;              // max threads per block
+        case 1: *v = p.max_threads_per_block; break;
         case 2: *v = 1024; break;              // max block dim x
         case 3: *v = 1024; break;              // y
         case 4: *v = 64; break;                // z
         case 5: *v = 2147483647; break;        // max grid dim x
         case 6: *v = 65535; break;             // y
         case 7: *v = 65535; break;             // z
-        case 8: *v = 48 * 1024; break;         // shared memory per block
+        case 8: *v = p.shared_per_block; break;
+        case 9: *v = 64 * 1024; break;         // constant memory
         case 10: *v = 32; break;               // warp size
-        case 16: *v = 1; break;                // multiprocessors
-        case 75: *v = kMajor; break;           // compute capability major
-        case 76: *v = kMinor; break;           // minor
-        case 115: *v = 0; break;               // memory pools: no, cuMemAlloc instead
+        case 12: *v = p.regs_per_block; break;
+        case 13: *v = p.clock_khz; break;
+        case 16: *v = p.sm_count; break;       // multiprocessors
+        case 18: *v = p.integrated; break;
+        case 19: *v = 1; break;                // can map host memory
+        case 36: *v = p.memory_clock_khz; break;
+        case 37: *v = p.bus_width_bits; break;
+        case 38: *v = p.l2_bytes; break;
+        case 39: *v = p.max_threads_per_sm; break;
+        case 75: *v = p.major; break;          // compute capability major
+        case 76: *v = p.minor; break;          // minor
+        case 81: *v = p.shared_per_sm; break;
+        case 82: *v = p.regs_per_sm; break;
+        case 83: *v = 1; break;                // managed memory
+        case 97: *v = p.shared_per_block_optin; break;
+        case 106: *v = p.max_blocks_per_sm; break;
+        case 115: *v = 1; break;               // memory pools: yes, as on Orin and H200
         default: *v = 0; break;
     }
     return CUDA_SUCCESS;
@@ -272,7 +358,10 @@ CUresult cuCtxGetCurrent(CUcontext* c) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize(void) {
+    pool_sync();
+    return CUDA_SUCCESS;
+}
 
 CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
     if (least) *least = 0;
@@ -296,7 +385,10 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream) { return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream) {
+    pool_sync();
+    return CUDA_SUCCESS;
+}
 CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
 
 CUresult cuStreamIsCapturing(CUstream, int* status) {
@@ -317,7 +409,10 @@ CUresult cuEventRecord(CUevent e, CUstream) {
 }
 
 CUresult cuEventQuery(CUevent) { return CUDA_SUCCESS; }
-CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
+CUresult cuEventSynchronize(CUevent) {
+    pool_sync();
+    return CUDA_SUCCESS;
+}
 
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
     if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
@@ -336,53 +431,135 @@ CUresult cuEventDestroy_v2(CUevent e) {
 
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     std::lock_guard<std::mutex> g(mu);
-    *total = kTotalMem;
-    *free_bytes = in_use < kTotalMem ? kTotalMem - in_use : 0;
+    const size_t total_mem = prof().total_mem, taken = in_use + pool_idle_bytes();
+    *total = total_mem;
+    *free_bytes = taken < total_mem ? total_mem - taken : 0;
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
+namespace {
+
+// [guard][data pages: canary, the buffer, canary][guard]; the buffer ends as late as its
+// 256-byte aligned start allows. Pooled allocations first take back a freed block of the
+// same data length, at the same place when the size is the same (as a pool does).
+CUresult alloc(CUdeviceptr* p, size_t size, bool pooled) {
     if (CUresult r = need_init()) return r;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> g(mu);
-    if (size > kTotalMem - in_use) return CUDA_ERROR_OUT_OF_MEMORY;
-    // [guard][data pages: canary, the buffer, canary][guard]; the buffer ends as late as
-    // its 256-byte aligned start allows.
-    const size_t data_len = (size + kAlign - 1 + kPage - 1) / kPage * kPage;
-    const size_t map_len = data_len + 2 * kPage;
-    void* m = mmap(nullptr, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    char* data = (char*)m + kPage;
-    if (mprotect(data, data_len, PROT_READ | PROT_WRITE) != 0) {
-        munmap(m, map_len);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t total_mem = prof().total_mem;
+    if (size > total_mem - in_use) return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t data_len = data_len_for(size);
+    Alloc a{};
+    auto reuse = pooled ? pool.free_blocks.find(data_len) : pool.free_blocks.end();
+    if (reuse != pool.free_blocks.end()) {
+        a = reuse->second;
+        pool.free_blocks.erase(reuse);
+        if (mprotect(a.data, a.data_len, PROT_READ | PROT_WRITE) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        if (data_len > total_mem - in_use - pool_idle_bytes()) trim_pool(0);
+        const size_t map_len = data_len + 2 * kPage;
+        void* m = mmap(nullptr, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+        char* data = (char*)m + kPage;
+        if (mprotect(data, data_len, PROT_READ | PROT_WRITE) != 0) {
+            munmap(m, map_len);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a = Alloc{(char*)m, map_len, data, data_len, 0, 0, pooled};
+        if (pooled) {
+            pool.reserved += data_len;
+            if (pool.reserved > pool.reserved_high) pool.reserved_high = pool.reserved;
+        }
     }
-    const uintptr_t start = ((uintptr_t)data + data_len - size) / kAlign * kAlign;
-    memset(data, kCanary, data_len);
-    // Fresh device memory is not zero on a GPU either; a pattern makes reading it before
-    // writing it visible.
-    memset((void*)start, 0xcd, size);
-    allocs[start] = Alloc{(char*)m, map_len, data, data_len, size, next_serial++};
+    const uintptr_t start = place(a, size);
+    if (pooled) {
+        pool.used += data_len;
+        if (pool.used > pool.used_high) pool.used_high = pool.used;
+    }
+    allocs[start] = a;
     in_use += size;
     *p = start;
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr p) {
+CUresult release(CUdeviceptr p, const char* what) {
     std::lock_guard<std::mutex> g(mu);
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end()) {
-        say("cuMemFree: 0x%llx is not the start of an allocation", p);
+        say("%s: 0x%llx is not the start of an allocation", what, p);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    in_use -= it->second.size;
-    munmap(it->second.map, it->second.map_len);
+    Alloc a = it->second;
+    in_use -= a.size;
     allocs.erase(it);
+    if (!a.pooled) {
+        munmap(a.map, a.map_len);
+        return CUDA_SUCCESS;
+    }
+    pool.used -= a.data_len;
+    mprotect(a.data, a.data_len, PROT_NONE);
+    pool.free_blocks.emplace(a.data_len, a);
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr* p, size_t size, CUstream) { return cuMemAlloc_v2(p, size); }
-CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return cuMemFree_v2(p); }
+}  // namespace
+
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) { return alloc(p, size, false); }
+CUresult cuMemFree_v2(CUdeviceptr p) { return release(p, "cuMemFree"); }
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t size, CUstream) { return alloc(p, size, true); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return release(p, "cuMemFreeAsync"); }
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t size, CUmemoryPool mp, CUstream s) {
+    if (mp != &pool) return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocAsync(p, size, s);
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* mp, CUdevice d) {
+    if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *mp = &pool;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool* mp, CUdevice d) { return cuDeviceGetDefaultMemPool(mp, d); }
+
+// Attribute numbers are CUmemPool_attribute's: 1-3 int reuse flags, 4-8 cuuint64_t.
+CUresult cuMemPoolGetAttribute(CUmemoryPool mp, int attr, void* v) {
+    if (mp != &pool || !v) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> g(mu);
+    uint64_t* u = (uint64_t*)v;
+    switch (attr) {
+        case 1: case 2: case 3: *(int*)v = pool.reuse[attr - 1]; break;
+        case 4: *u = pool.release_threshold; break;
+        case 5: *u = pool.reserved; break;
+        case 6: *u = pool.reserved_high; break;
+        case 7: *u = pool.used; break;
+        case 8: *u = pool.used_high; break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool mp, int attr, void* v) {
+    if (mp != &pool || !v) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> g(mu);
+    const uint64_t u = *(uint64_t*)v;
+    switch (attr) {
+        case 1: case 2: case 3: pool.reuse[attr - 1] = *(int*)v; break;
+        case 4: pool.release_threshold = u; break;
+        // Only a reset to zero is allowed: the high marks restart from the current figure.
+        case 6: if (u != 0) return CUDA_ERROR_INVALID_VALUE; pool.reserved_high = pool.reserved; break;
+        case 8: if (u != 0) return CUDA_ERROR_INVALID_VALUE; pool.used_high = pool.used; break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool mp, size_t keep) {
+    if (mp != &pool) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> g(mu);
+    trim_pool(keep);
+    return CUDA_SUCCESS;
+}
 
 CUresult cuMemHostAlloc(void** p, size_t size, unsigned flags) {
     (void)flags;

@@ -18,6 +18,8 @@ use inferloop_kernels::kernels::{Source, SOURCES};
 /// The prelude, the shared ABI and the stand-in driver.
 pub const PRELUDE: &str = include_str!("../cpp/cuda_sim.hpp");
 pub const ABI: &str = include_str!("../cpp/sim_abi.h");
+/// The device profiles (`INFERLOOP_SIM_PROFILE`: `orin-nx`, the default, or `h200`).
+pub const PROFILE: &str = include_str!("../cpp/sim_profile.hpp");
 pub const DRIVER: &str = include_str!("../cpp/driver.cpp");
 
 /// The first line of a module's stand-in PTX file; the driver dlopens the path after it.
@@ -276,9 +278,10 @@ fn compile(cxx: &str, args: &[&str], file: &Path, out: &Path) -> Result<String, 
 }
 
 /// Flags shared by the modules and the driver. No contraction and no fast math, so every
-/// float operation is the one rounding the kernel's text asks for (NVRTC's default
-/// contraction is what the kernels' explicit `_rn` intrinsics rule out); wrapping signed
-/// arithmetic and no strict aliasing, as the kernels' pointer casts assume on a GPU.
+/// float operation is the one rounding the kernel's text asks for: the same rule as the
+/// `--fmad=false` every NVRTC compile passes ([`inferloop_kernels::nvrtc::FMAD_OFF`]), so
+/// an `a*b+c` rounds twice here, on the GPU and in the twin. Wrapping signed arithmetic and
+/// no strict aliasing, as the kernels' pointer casts assume on a GPU.
 const CXX_FLAGS: &[&str] = &[
     "-std=c++17",
     "-O3",
@@ -332,6 +335,7 @@ pub fn build_with(out: &Path, cxx: &str, sources: &[Source]) -> Result<Built, Si
     }
     write(&src_dir.join("cuda_sim.hpp"), PRELUDE)?;
     write(&src_dir.join("sim_abi.h"), ABI)?;
+    write(&src_dir.join("sim_profile.hpp"), PROFILE)?;
     write(&src_dir.join("driver.cpp"), DRIVER)?;
     let include = format!("-I{}", src_dir.display());
     let mut flags: Vec<&str> = CXX_FLAGS.to_vec();
@@ -403,6 +407,14 @@ mod tests {
         assert_eq!(gemv.entries, ["q8_gemv_f32"]);
         let attn = translate(inferloop_kernels::kernels::source("attention").unwrap()).unwrap();
         assert_eq!(attn.entries, ["attn_partial_f16", "attn_combine_f32"]);
+    }
+
+    #[test]
+    fn host_and_device_compiles_agree_on_contraction() {
+        assert!(CXX_FLAGS.contains(&"-ffp-contract=off"));
+        assert!(!CXX_FLAGS.iter().any(|f| f.contains("fast-math") && !f.contains("no-")));
+        let o = inferloop_kernels::nvrtc::options("compute_87", &[]);
+        assert!(o.iter().any(|f| f == inferloop_kernels::nvrtc::FMAD_OFF), "{o:?}");
     }
 
     #[test]

@@ -1,12 +1,20 @@
-//! Compile check without a GPU: every kernel through the crate's own NVRTC path for each
-//! target architecture, then `ptxas -v` on the PTX. Fails on a compile error or a register
-//! spill; writes the table (kernel, entry, arch, registers, shared memory, spills) as
-//! Markdown and JSON.
+//! The kernels that ship, built and checked without a GPU: every kernel through the crate's
+//! own NVRTC path (contraction off, as at run time), then
+//!
+//! - for each target architecture, `ptxas -v` turns the PTX into SASS,
+//!   `<out>/sm_XY/<kernel>.cubin` (what the loader prefers on that device), and the table
+//!   (kernel, entry, arch, registers, shared memory, spills) is read from its report;
+//! - `<out>/ptx/<kernel>.ptx` for [`nvrtc::BASELINE_ARCH`], whose `.version` must be the ISA
+//!   the oldest supported driver JIT-compiles (`--ptx-isa`, JetPack 6.0's CUDA 12.2: 8.2),
+//!   also assembled by ptxas to prove it is whole.
+//!
+//! Fails on a compile error, a register spill, a PTX version other than `--ptx-isa`, or a
+//! compile that contracts `a*b+c` into an FMA. Writes the table as Markdown and JSON.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use serde::Serialize;
 
@@ -14,15 +22,18 @@ use inferloop_kernels::kernels::SOURCES;
 use inferloop_kernels::nvrtc;
 
 #[derive(Parser)]
-#[command(about = "Compile every kernel with NVRTC and check it with ptxas, no GPU needed")]
+#[command(about = "Build every kernel as cubins and baseline PTX with NVRTC and ptxas, no GPU needed")]
 struct Args {
-    /// Architectures (compute capability as major.minor).
+    /// Architectures (compute capability as major.minor) to build cubins for.
     #[arg(long, value_delimiter = ',', default_value = "8.7,9.0")]
     arch: Vec<String>,
+    /// The PTX ISA version the shipped PTX must declare (the oldest driver's).
+    #[arg(long, default_value = "8.2")]
+    ptx_isa: String,
     /// The ptxas binary (from the nvidia-cuda-nvcc-cu12 wheel).
     #[arg(long, default_value = "ptxas")]
     ptxas: PathBuf,
-    /// Where the PTX files, the table (`kernels.md`) and `kernels.json` go.
+    /// Where `sm_XY/*.cubin`, `ptx/*.ptx`, the table (`kernels.md`) and `kernels.json` go.
     #[arg(long, default_value = "out/kernels")]
     out: PathBuf,
 }
@@ -41,19 +52,25 @@ struct Row {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let info = nvrtc::info()?;
+    println!("NVRTC {} ({})", info.version, info.library);
+    check_no_contraction()?;
+    let build = args.out.join("build");
     let mut rows = Vec::new();
     for arch in &args.arch {
         let (major, minor) = parse_arch(arch)?;
         let compute = nvrtc::arch_name(major, minor);
         let sm = format!("sm_{major}{minor}");
-        let dir = args.out.join(&sm);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (dir, work) = (args.out.join(&sm), build.join(&sm));
+        for d in [&dir, &work] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
         for s in SOURCES {
-            let ptx = nvrtc::compile(s.name, s.code, compute, &[])?;
-            let path = dir.join(format!("{}.ptx", s.name));
-            std::fs::write(&path, ptx.to_src())
-                .with_context(|| format!("writing {}", path.display()))?;
-            let log = ptxas(&args.ptxas, &sm, &path)?;
+            let ptx = nvrtc::compile(s.name, s.code, &compute, &[])?;
+            let path = work.join(format!("{}.ptx", s.name));
+            write(&path, &ptx.to_src())?;
+            let cubin = dir.join(format!("{}.cubin", s.name));
+            let log = ptxas(&args.ptxas, &sm, &path, &cubin)?;
             let found = parse_ptxas(s.name, &sm, &log);
             if found.is_empty() {
                 bail!("ptxas reported no kernel in {}.cu for {sm}:\n{log}", s.name);
@@ -61,6 +78,7 @@ fn main() -> Result<()> {
             rows.extend(found);
         }
     }
+    baseline_ptx(&args)?;
     std::fs::write(args.out.join("kernels.md"), table(&rows))?;
     std::fs::write(
         args.out.join("kernels.json"),
@@ -78,6 +96,60 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `<out>/ptx/*.ptx` for the baseline architecture, at exactly `--ptx-isa`.
+fn baseline_ptx(args: &Args) -> Result<()> {
+    let (major, minor) = nvrtc::BASELINE_ARCH;
+    let want = parse_arch(&args.ptx_isa)?;
+    let want = (want.0 as u32, want.1 as u32);
+    let dir = args.out.join("ptx");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for s in SOURCES {
+        let ptx = nvrtc::compile(s.name, s.code, &nvrtc::arch_name(major, minor), &[])?.to_src();
+        let isa = nvrtc::ptx_isa(&ptx);
+        ensure!(
+            isa == Some(want),
+            "{}.ptx declares PTX ISA {isa:?}, not {}: the oldest supported driver cannot JIT it \
+             (compile with the NVRTC of that CUDA version)",
+            s.name,
+            args.ptx_isa
+        );
+        let path = dir.join(format!("{}.ptx", s.name));
+        write(&path, &ptx)?;
+        ptxas(&args.ptxas, &format!("sm_{major}{minor}"), &path, Path::new("/dev/null"))?;
+    }
+    println!(
+        "PTX for compute_{major}{minor} at ISA {} -> {}",
+        args.ptx_isa,
+        dir.display()
+    );
+    Ok(())
+}
+
+/// NVRTC fuses `a*b+c` into one rounding unless told not to; the crate's compile path must
+/// keep the two roundings the CPU twins make. Checked on a probe kernel each run.
+fn check_no_contraction() -> Result<()> {
+    const PROBE: &str = "extern \"C\" __global__ void madd(const float* a, const float* b, \
+        const float* c, float* y) { int i = threadIdx.x; y[i] = a[i] * b[i] + c[i]; }";
+    let arch = nvrtc::arch_name(nvrtc::BASELINE_ARCH.0, nvrtc::BASELINE_ARCH.1);
+    let ours = nvrtc::compile("madd", PROBE, &arch, &[])?.to_src();
+    ensure!(
+        !ours.contains("fma.rn.f32") && ours.contains("mul.rn.f32") && ours.contains("add.rn.f32"),
+        "the crate's NVRTC options contract a*b+c:\n{ours}"
+    );
+    // And the probe does detect contraction: NVRTC's default fuses it.
+    let default = nvrtc::compile_raw("madd", PROBE, &[format!("--gpu-architecture={arch}")])?;
+    ensure!(
+        default.contains("fma.rn.f32"),
+        "NVRTC's default no longer contracts a*b+c; the probe checks nothing:\n{default}"
+    );
+    println!("contraction: off ({}: mul.rn + add.rn, default would fma.rn)", nvrtc::FMAD_OFF);
+    Ok(())
+}
+
 fn parse_arch(arch: &str) -> Result<(i32, i32)> {
     let parsed = arch
         .split_once('.')
@@ -85,9 +157,10 @@ fn parse_arch(arch: &str) -> Result<(i32, i32)> {
     parsed.with_context(|| format!("architecture {arch:?} is not major.minor, e.g. 8.7"))
 }
 
-fn ptxas(ptxas: &Path, sm: &str, ptx: &Path) -> Result<String> {
+fn ptxas(ptxas: &Path, sm: &str, ptx: &Path, cubin: &Path) -> Result<String> {
     let out = Command::new(ptxas)
-        .args(["-v", "-arch", sm, "-o", "/dev/null"])
+        .args(["-v", "-arch", sm, "-o"])
+        .arg(cubin)
         .arg(ptx)
         .output()
         .with_context(|| {

@@ -3,17 +3,16 @@
 //! module, one file per group of kernels; each has a CPU twin in [`crate::cpu`].
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
-use cudarc::nvrtc::Ptx;
-
 use crate::kernels::SOURCES;
-use crate::nvrtc::{self, CompileError};
+use crate::nvrtc::CompileError;
 
 pub use cudarc;
+pub use load::{KernelsFrom, ModuleSource, Origin, KERNELS_DIR_ENV, PTX_DIR_ENV};
 
+pub mod load;
 pub mod ops;
 pub mod q8;
 
@@ -27,11 +26,27 @@ pub enum GpuError {
     Driver(#[from] DriverError),
     #[error(transparent)]
     Compile(#[from] CompileError),
-    #[error("cannot read PTX {path}: {source}")]
-    Ptx {
+    #[error("cannot read kernel module {module} from {path}: {source}")]
+    ModuleFile {
+        module: String,
         path: String,
         source: std::io::Error,
     },
+    #[error("kernel module {module} ({origin} {detail}) does not load: {source}")]
+    ModuleLoad {
+        module: String,
+        origin: &'static str,
+        detail: String,
+        source: DriverError,
+    },
+    #[error("no kernel module {module}: no cubin or PTX for it in the kernels dir ({}) and {source}", dir.as_deref().unwrap_or("none found"))]
+    NoModule {
+        module: String,
+        dir: Option<String>,
+        source: CompileError,
+    },
+    #[error("{KERNELS_DIR_ENV}={path} is not a directory")]
+    KernelsDir { path: String },
     #[error("no kernel {entry} in module {module}")]
     NoKernel { module: String, entry: String },
 }
@@ -42,6 +57,14 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// `cuDriverGetVersion`: 12020 for CUDA 12.2. Call only once [`driver_present`].
+pub fn driver_version() -> Result<i32, GpuError> {
+    let mut v = 0;
+    // SAFETY: writes one int; the library was found.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }.result()?;
+    Ok(v)
+}
+
 /// One CUDA device with every kernel module loaded.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -49,35 +72,17 @@ pub struct Gpu {
     /// Compute capability, e.g. (8, 7) on Orin.
     pub capability: (i32, i32),
     pub name: String,
+    /// `cuDriverGetVersion`, e.g. 12020.
+    pub driver_version: i32,
+    /// Where each kernel module came from (cubin, PTX, NVRTC).
+    pub kernels: KernelsFrom,
     modules: HashMap<&'static str, Arc<CudaModule>>,
 }
 
 impl Gpu {
-    /// Opens device `ordinal` and compiles every kernel for its architecture with the
-    /// device's own NVRTC.
+    /// Opens device `ordinal` and loads every kernel module, each from the first of
+    /// [`load`]'s sources that has it, logging where they came from.
     pub fn open(ordinal: usize) -> Result<Self, GpuError> {
-        Self::open_with(ordinal, |name, code, arch| {
-            Ok(nvrtc::compile(name, code, arch, &[])?)
-        })
-    }
-
-    /// Opens device `ordinal` and loads `<dir>/<kernel>.ptx` for every kernel through the
-    /// driver alone (no NVRTC needed; a newer driver JIT-compiles older PTX).
-    pub fn open_with_ptx(ordinal: usize, dir: &Path) -> Result<Self, GpuError> {
-        Self::open_with(ordinal, |name, _, _| {
-            let path = dir.join(format!("{name}.ptx"));
-            let text = std::fs::read_to_string(&path).map_err(|source| GpuError::Ptx {
-                path: path.display().to_string(),
-                source,
-            })?;
-            Ok(Ptx::from_src(text))
-        })
-    }
-
-    fn open_with(
-        ordinal: usize,
-        mut ptx: impl FnMut(&'static str, &'static str, &'static str) -> Result<Ptx, GpuError>,
-    ) -> Result<Self, GpuError> {
         if !driver_present() {
             return Err(GpuError::NoDriver);
         }
@@ -85,18 +90,39 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
         let capability = ctx.compute_capability()?;
         let name = ctx.name()?;
-        let arch = nvrtc::arch_name(capability.0, capability.1);
+        let target = load::Target {
+            capability,
+            driver: driver_version()?,
+        };
+        let dir = load::kernels_dir()?;
+        let mut kernels = KernelsFrom {
+            dir: dir.clone(),
+            modules: Vec::new(),
+        };
         let mut modules = HashMap::new();
         for s in SOURCES {
-            let module = ctx.load_module(ptx(s.name, s.code, arch)?)?;
+            let (ptx, from) = load::module(s.name, s.code, &target, dir.as_deref())?;
+            let module = ctx
+                .load_module(ptx)
+                .map_err(|source| GpuError::ModuleLoad {
+                    module: s.name.to_string(),
+                    origin: from.origin.as_str(),
+                    detail: from.detail.clone(),
+                    source,
+                })?;
+            tracing::debug!(module = s.name, origin = from.origin.as_str(), detail = %from.detail, "kernel module loaded");
             modules.insert(s.name, module);
+            kernels.modules.push(from);
         }
+        tracing::info!(gpu = %name, sm = format!("{}.{}", capability.0, capability.1), driver = target.driver, kernels = %kernels.summary(), "kernels loaded");
         let stream = ctx.default_stream();
         Ok(Self {
             ctx,
             stream,
             capability,
             name,
+            driver_version: target.driver,
+            kernels,
             modules,
         })
     }
@@ -122,25 +148,32 @@ pub fn probe(ordinal: usize) -> Result<String, GpuError> {
     Ok(ctx.name()?)
 }
 
-/// Environment variable naming a directory of precompiled `<kernel>.ptx` files: set where
-/// the device's NVRTC is not the one this build loads (e.g. CUDA 13 with a CUDA 12 build).
-pub const PTX_DIR_ENV: &str = "INFERLOOP_KERNELS_PTX";
-
 impl Gpu {
-    /// [`Gpu::open_with_ptx`] when [`PTX_DIR_ENV`] is set, else [`Gpu::open`].
+    /// [`Gpu::open`]; the name the daemon and tools have always called.
     pub fn open_default(ordinal: usize) -> Result<Self, GpuError> {
-        match std::env::var_os(PTX_DIR_ENV) {
-            Some(dir) => Self::open_with_ptx(ordinal, Path::new(&dir)),
-            None => Self::open(ordinal),
-        }
+        Self::open(ordinal)
     }
 }
 
+/// Set to `1` (the device check and the emulator run do) and [`test_gpu`] panics instead of
+/// skipping: there, a GPU test that cannot open the GPU is a failure.
+pub const REQUIRE_GPU_ENV: &str = "INFERLOOP_REQUIRE_GPU";
+
+/// What [`test_gpu`] prints when it hands out a GPU, followed by the test's name: the
+/// device check counts these lines against the GPU tests it listed.
+pub const GPU_TEST_MARK: &str = "GPU test ran:";
+
 /// A GPU for tests, or `None` with the reason printed (the test then checks nothing on the
-/// GPU and says so).
+/// GPU and says so). With [`REQUIRE_GPU_ENV`]`=1` no GPU is a panic naming the reason.
 pub fn test_gpu() -> Option<Gpu> {
-    match Gpu::open_default(0) {
-        Ok(g) => Some(g),
+    let required = std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| v == "1");
+    match Gpu::open(0) {
+        Ok(g) => {
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            eprintln!("{GPU_TEST_MARK} {test} on {}", g.name);
+            Some(g)
+        }
+        Err(e) if required => panic!("{REQUIRE_GPU_ENV}=1 and the GPU does not open: {e}"),
         Err(e) => {
             eprintln!("GPU test skipped: {e}");
             None

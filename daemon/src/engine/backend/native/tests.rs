@@ -655,54 +655,59 @@ fn after_a_failed_micro_batch_the_batch_sequences_keep_what_they_held_before_it(
     assert_eq!((m.kv().seq_len(0), m.kv().seq_len(1)), (2, 0));
 }
 
-/// The CUDA pass against the CPU twins on the same weights: a prompt longer than one pass
-/// and a second sequence interleaved, a prefix copy and a truncation, for both
-/// architectures, bit for bit (each kernel gives its twin's bits). Skipped, saying why,
-/// without a GPU; `scripts/device-check.sh` runs it where there is one.
-#[test]
-fn the_cuda_pass_gives_the_cpu_twins_logits() {
-    let Some(gpu) = inferloop_kernels::cuda::test_gpu() else {
-        return;
-    };
-    let mut gpu = Some(gpu);
-    for (spec, seed) in [(Spec::llama(), 11), (Spec::qwen2(), 12)] {
-        let nv = spec.n_vocab;
-        let s = synth(spec, seed);
-        let hp = HParams::from_metadata(&s).unwrap();
-        let g = match gpu.take() {
-            Some(g) => g,
-            None => inferloop_kernels::cuda::Gpu::open_default(0).unwrap(),
+/// GPU tests live in a `gpu` module: the device check counts them from `--list`.
+mod gpu {
+    use super::*;
+
+    /// The CUDA pass against the CPU twins on the same weights: a prompt longer than one pass
+    /// and a second sequence interleaved, a prefix copy and a truncation, for both
+    /// architectures, bit for bit (each kernel gives its twin's bits). Skipped, saying why,
+    /// without a GPU; `scripts/device-check.sh` runs it where there is one.
+    #[test]
+    fn the_cuda_pass_gives_the_cpu_twins_logits() {
+        let Some(gpu) = inferloop_kernels::cuda::test_gpu() else {
+            return;
         };
-        let w = Weights::load(&hp, &s).unwrap();
-        let mut dev = Model::new_cuda(hp, w, 3, N_CTX, g).unwrap();
-        let mut cpu = model(&s, 3);
-        let long: Vec<i32> = (0..(2 * super::forward::UBATCH as i32 + 3))
-            .map(|i| (i * 5 + 1) % nv as i32)
-            .collect();
-        let feed =
-            |dev: &mut Model<'_>, cpu: &mut Model<'_>, batch: &[BatchToken], want: &[bool]| {
-                let d = dev.forward(batch, want).unwrap().to_vec();
-                let c = cpu.forward(batch, want).unwrap().to_vec();
-                assert_eq!(d.len(), c.len());
-                for (i, (a, b)) in d.iter().zip(&c).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "logit {i}: gpu {a} vs cpu {b}");
-                }
+        let mut gpu = Some(gpu);
+        for (spec, seed) in [(Spec::llama(), 11), (Spec::qwen2(), 12)] {
+            let nv = spec.n_vocab;
+            let s = synth(spec, seed);
+            let hp = HParams::from_metadata(&s).unwrap();
+            let g = match gpu.take() {
+                Some(g) => g,
+                None => inferloop_kernels::cuda::Gpu::open_default(0).unwrap(),
             };
-        feed(
-            &mut dev,
-            &mut cpu,
-            &toks(0, &long, 0),
-            &vec![true; long.len()],
-        );
-        let mut mixed = toks(1, &PROMPT_B, 0);
-        mixed.extend(toks(0, &PROMPT_A[..2], long.len() as u32));
-        feed(&mut dev, &mut cpu, &mixed, &[true; 7]);
-        for m in [&mut dev, &mut cpu] {
-            m.kv_mut().copy_prefix(0, 2, 4).unwrap();
-            m.kv_mut().truncate(1, 2).unwrap();
+            let w = Weights::load(&hp, &s).unwrap();
+            let mut dev = Model::new_cuda(hp, w, 3, N_CTX, g).unwrap();
+            let mut cpu = model(&s, 3);
+            let long: Vec<i32> = (0..(2 * super::super::forward::UBATCH as i32 + 3))
+                .map(|i| (i * 5 + 1) % nv as i32)
+                .collect();
+            let feed =
+                |dev: &mut Model<'_>, cpu: &mut Model<'_>, batch: &[BatchToken], want: &[bool]| {
+                    let d = dev.forward(batch, want).unwrap().to_vec();
+                    let c = cpu.forward(batch, want).unwrap().to_vec();
+                    assert_eq!(d.len(), c.len());
+                    for (i, (a, b)) in d.iter().zip(&c).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "logit {i}: gpu {a} vs cpu {b}");
+                    }
+                };
+            feed(
+                &mut dev,
+                &mut cpu,
+                &toks(0, &long, 0),
+                &vec![true; long.len()],
+            );
+            let mut mixed = toks(1, &PROMPT_B, 0);
+            mixed.extend(toks(0, &PROMPT_A[..2], long.len() as u32));
+            feed(&mut dev, &mut cpu, &mixed, &[true; 7]);
+            for m in [&mut dev, &mut cpu] {
+                m.kv_mut().copy_prefix(0, 2, 4).unwrap();
+                m.kv_mut().truncate(1, 2).unwrap();
+            }
+            let mut after = toks(2, &PROMPT_A[..3], 4);
+            after.extend(toks(1, &PROMPT_A[..1], 2));
+            feed(&mut dev, &mut cpu, &after, &[true; 4]);
         }
-        let mut after = toks(2, &PROMPT_A[..3], 4);
-        after.extend(toks(1, &PROMPT_A[..1], 2));
-        feed(&mut dev, &mut cpu, &after, &[true; 4]);
     }
 }
