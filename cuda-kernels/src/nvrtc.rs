@@ -90,7 +90,11 @@ fn load() -> Result<Api, String> {
         // SAFETY: loading NVRTC runs no initialisers with preconditions.
         match unsafe { Library::new(&name) } {
             Ok(lib) => return resolve(lib, name).map_err(|e| format!(": {e}")),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) => {
+                // libloading's own text is "dlopen failed"; the loader's reason is its source.
+                let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+                tried.push(why);
+            }
         }
     }
     Err(format!(" ({})", tried.join("; ")))
@@ -196,10 +200,32 @@ pub fn options(arch: &str, extra: &[String]) -> Vec<String> {
     o
 }
 
+/// Definitions older NVRTC releases declare but leave undefined without CUDA's headers
+/// (which PyPI's NVRTC and a bare JetPack lack): NVRTC 12.2 compiles `__dp4a` to a call of
+/// an unresolved `.extern .func`, which ptxas and the driver then refuse. Each is the
+/// intrinsic's one PTX instruction, as in CUDA's own `sm_61_intrinsics.hpp`.
+const SHIMS: &[(&str, &str)] = &[(
+    "_Z6__dp4aiii",
+    "__device__ int __dp4a(int a, int b, int c) { int r; \
+     asm(\"dp4a.s32.s32 %0, %1, %2, %3;\" : \"=r\"(r) : \"r\"(a), \"r\"(b), \"r\"(c)); return r; }\n",
+)];
+
 /// Compiles `code` (the file `name`.cu) to PTX for `arch` (`compute_87` …). `extra` adds
-/// options, e.g. `-DQ8_GEMV_ROWS_PER_BLOCK=4` for tuning.
+/// options, e.g. `-DQ8_GEMV_ROWS_PER_BLOCK=4` for tuning. Where the NVRTC leaves an
+/// intrinsic of [`SHIMS`] undefined, compiles again with its definition in front.
 pub fn compile(name: &str, code: &str, arch: &str, extra: &[String]) -> Result<Ptx, CompileError> {
-    compile_raw(name, code, &options(arch, extra)).map(Ptx::from_src)
+    let opts = options(arch, extra);
+    let ptx = compile_raw(name, code, &opts)?;
+    let missing: Vec<&str> = SHIMS
+        .iter()
+        .filter(|(sym, _)| ptx.contains(&format!(".extern .func  (.param .b32 func_retval0) {sym}")))
+        .map(|(_, def)| *def)
+        .collect();
+    if missing.is_empty() {
+        return Ok(Ptx::from_src(ptx));
+    }
+    let shimmed = format!("{}#line 1 \"{name}.cu\"\n{code}", missing.concat());
+    compile_raw(name, &shimmed, &opts).map(Ptx::from_src)
 }
 
 /// Compiles with exactly `opts` (no [`FMAD_OFF`] added): for tests that show what it changes.

@@ -88,14 +88,14 @@ fn main() -> Result<()> {
     };
     let result = check(args.ordinal, &mut report);
     report.ok = result.is_ok();
-    report.error = result.as_ref().err().map(|e| format!("{e:#}"));
+    report.error = result.as_ref().err().map(|e| e.to_string());
     print(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Err(e) = result {
-        eprintln!("gpu-preflight: FAILED: {e:#}");
+        eprintln!("gpu-preflight: FAILED: {e}");
         std::process::exit(1);
     }
     println!("gpu-preflight: ok");
@@ -109,6 +109,7 @@ fn tracing_init() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
