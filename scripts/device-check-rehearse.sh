@@ -39,6 +39,20 @@ print(f"rehearsal 1: ok, {s['gpu_tests_run']} of {s['gpu_tests_expected']} GPU t
       f"{s['device']['name']}, {len(s['steps'])} steps")
 PY
 
+echo "== the loader's order on the emulator: the profile's cubin, else the shipped PTX"
+# The emulator's stand-in modules laid out as the daemon's kernels directory.
+kdir=$(pwd)/out/device-check-rehearse/kernels
+rm -rf "$kdir" && mkdir -p "$kdir/sm_87" "$kdir/ptx"
+n_modules=$(ls "$sim"/modules/*.ptx | wc -l)
+for f in "$sim"/modules/*.ptx; do
+    n=$(basename "$f" .ptx)
+    cp "$f" "$kdir/sm_87/$n.cubin" && cp "$f" "$kdir/ptx/$n.ptx"
+done
+LD_LIBRARY_PATH="$sim/lib" INFERLOOP_KERNELS_DIR="$kdir" "$bundle/gpu-preflight" 2>/dev/null \
+    | grep -x "kernels: cubin x$n_modules (kernels dir $kdir)"
+LD_LIBRARY_PATH="$sim/lib" INFERLOOP_SIM_PROFILE=h200 INFERLOOP_KERNELS_DIR="$kdir" \
+    "$bundle/gpu-preflight" 2>/dev/null | grep -x "kernels: ptx x$n_modules (kernels dir $kdir)"
+
 if ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 '; then
     echo "rehearse: this machine has a system libcuda.so.1: rehearsal 2 needs a machine without one" >&2
     exit 1

@@ -134,11 +134,20 @@ fn read(module: &str, path: &Path, binary: bool) -> Result<Ptx, GpuError> {
     }
 }
 
-/// The module `name` (source `code`) for `target`, and where it came from.
+/// [`PTX_DIR_ENV`]'s directory, when set.
+pub fn ptx_override() -> Option<PathBuf> {
+    std::env::var_os(PTX_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The module `name` (source `code`) for `target` from `override_dir` (see
+/// [`ptx_override`]), else the kernels directory `dir`, else NVRTC; and where it came from.
 pub fn module(
     name: &'static str,
     code: &str,
     target: &Target,
+    override_dir: Option<&Path>,
     dir: Option<&Path>,
 ) -> Result<(Ptx, ModuleSource), GpuError> {
     let found = |origin, detail: String| ModuleSource {
@@ -146,8 +155,8 @@ pub fn module(
         origin,
         detail,
     };
-    if let Some(d) = std::env::var_os(PTX_DIR_ENV).filter(|d| !d.is_empty()) {
-        let path = Path::new(&d).join(format!("{name}.ptx"));
+    if let Some(d) = override_dir {
+        let path = d.join(format!("{name}.ptx"));
         let ptx = read(name, &path, false)?;
         return Ok((ptx, found(Origin::PtxOverride, path.display().to_string())));
     }
@@ -194,4 +203,67 @@ pub fn module(
     let ptx = nvrtc::compile(name, code, &arch, &[])?;
     let detail = format!("NVRTC {} ({}) for {arch}", info.version, info.library);
     Ok((ptx, found(Origin::Nvrtc, detail)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORIN: Target = Target {
+        capability: (8, 7),
+        driver: 12020,
+    };
+
+    fn origin(dir: &Path, target: &Target) -> Result<Origin, GpuError> {
+        module("k", "", target, None, Some(dir)).map(|(_, m)| m.origin)
+    }
+
+    #[test]
+    fn the_devices_cubin_then_the_shipped_ptx_then_nvrtc() {
+        let dir = std::env::temp_dir().join(format!("inferloop-load-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["sm_87", "sm_90", "ptx"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("sm_90/k.cubin"), b"\x7fELF").unwrap();
+        std::fs::write(dir.join("ptx/k.ptx"), ".version 8.2\n.target sm_75\n").unwrap();
+        // Orin has no sm_87 cubin here: the PTX, which its CUDA 12.2 driver takes.
+        assert_eq!(origin(&dir, &ORIN).unwrap(), Origin::Ptx);
+        let h200 = Target {
+            capability: (9, 0),
+            driver: 13000,
+        };
+        assert_eq!(origin(&dir, &h200).unwrap(), Origin::Cubin);
+        std::fs::write(dir.join("sm_87/k.cubin"), b"\x7fELF").unwrap();
+        assert_eq!(origin(&dir, &ORIN).unwrap(), Origin::Cubin);
+        // PTX newer than the driver takes is passed over for NVRTC, never handed to it.
+        std::fs::remove_file(dir.join("sm_87/k.cubin")).unwrap();
+        std::fs::write(dir.join("ptx/k.ptx"), ".version 8.5\n").unwrap();
+        match origin(&dir, &ORIN) {
+            Ok(o) => assert_eq!(o, Origin::Nvrtc),
+            Err(GpuError::NoModule { module, .. }) => assert_eq!(module, "k"),
+            Err(e) => panic!("{e}"),
+        }
+        // The override wins, and a file it lacks is an error naming it.
+        let e = module("k", "", &ORIN, Some(&dir), Some(&dir)).err().unwrap();
+        assert!(e.to_string().contains("cannot read kernel module k from"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_summary_counts_each_origin() {
+        let m = |module, origin| ModuleSource {
+            module,
+            origin,
+            detail: String::new(),
+        };
+        let k = KernelsFrom {
+            dir: Some(PathBuf::from("/usr/lib/inferloop/kernels")),
+            modules: vec![m("a", Origin::Cubin), m("b", Origin::Cubin), m("c", Origin::Nvrtc)],
+        };
+        assert_eq!(
+            k.summary(),
+            "cubin x2, nvrtc x1 (kernels dir /usr/lib/inferloop/kernels)"
+        );
+    }
 }

@@ -95,13 +95,14 @@ impl Gpu {
             driver: driver_version()?,
         };
         let dir = load::kernels_dir()?;
+        let override_dir = load::ptx_override();
         let mut kernels = KernelsFrom {
             dir: dir.clone(),
             modules: Vec::new(),
         };
         let mut modules = HashMap::new();
         for s in SOURCES {
-            let (ptx, from) = load::module(s.name, s.code, &target, dir.as_deref())?;
+            let (ptx, from) = load::module(s.name, s.code, &target, override_dir.as_deref(), dir.as_deref())?;
             let module = ctx
                 .load_module(ptx)
                 .map_err(|source| GpuError::ModuleLoad {
