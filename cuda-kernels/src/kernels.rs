@@ -65,7 +65,10 @@ mod tests {
 
     #[test]
     fn entries_are_read_from_the_sources() {
-        assert_eq!(source("q8_gemv").map(Source::entries).unwrap(), ["q8_gemv_f32"]);
+        assert_eq!(
+            source("q8_gemv").map(Source::entries).unwrap(),
+            ["q8_gemv_f32"]
+        );
         let attn = source("attention").map(Source::entries).unwrap();
         assert_eq!(attn, ["attn_partial_f16", "attn_combine_f32"]);
         assert!(SOURCES.iter().all(|s| !s.entries().is_empty()));

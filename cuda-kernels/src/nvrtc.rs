@@ -104,15 +104,14 @@ fn resolve(lib: Library, file: String) -> Result<Api, libloading::Error> {
     // SAFETY: the signatures are NVRTC's (nvrtc.h, unchanged since CUDA 11); the pointers
     // stay valid while `_lib` lives, and it lives as long as `Api`.
     unsafe {
-        let version_fn = *lib.get::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>(
-            b"nvrtcVersion\0",
-        )?;
+        let version_fn =
+            *lib.get::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>(b"nvrtcVersion\0")?;
         let (mut major, mut minor) = (0, 0);
         version_fn(&mut major, &mut minor);
         let n_archs =
             *lib.get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"nvrtcGetNumSupportedArchs\0")?;
-        let archs_fn = *lib
-            .get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"nvrtcGetSupportedArchs\0")?;
+        let archs_fn =
+            *lib.get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"nvrtcGetSupportedArchs\0")?;
         let mut n = 0;
         n_archs(&mut n);
         let mut archs = vec![0; usize::try_from(n).unwrap_or(0)];
@@ -218,7 +217,9 @@ pub fn compile(name: &str, code: &str, arch: &str, extra: &[String]) -> Result<P
     let ptx = compile_raw(name, code, &opts)?;
     let missing: Vec<&str> = SHIMS
         .iter()
-        .filter(|(sym, _)| ptx.contains(&format!(".extern .func  (.param .b32 func_retval0) {sym}")))
+        .filter(|(sym, _)| {
+            ptx.contains(&format!(".extern .func  (.param .b32 func_retval0) {sym}"))
+        })
         .map(|(_, def)| *def)
         .collect();
     if missing.is_empty() {
@@ -262,7 +263,11 @@ pub fn compile_raw(name: &str, code: &str, opts: &[String]) -> Result<String, Co
         let n = c_int::try_from(ptrs.len()).unwrap_or(c_int::MAX);
         let rc = (a.compile)(prog, n, ptrs.as_ptr());
         let result = if rc != 0 {
-            Err(fail(format!("{}: {}", a.error(rc), a.text(prog, a.log_size, a.log))))
+            Err(fail(format!(
+                "{}: {}",
+                a.error(rc),
+                a.text(prog, a.log_size, a.log)
+            )))
         } else {
             Ok(a.text(prog, a.ptx_size, a.ptx))
         };
@@ -304,7 +309,9 @@ impl Api {
 
 /// The PTX ISA version a file declares (`.version 8.2` → (8, 2)).
 pub fn ptx_isa(ptx: &str) -> Option<(u32, u32)> {
-    let line = ptx.lines().find_map(|l| l.trim().strip_prefix(".version"))?;
+    let line = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".version"))?;
     let (a, b) = line.trim().split_once('.')?;
     Some((a.parse().ok()?, b.trim().parse().ok()?))
 }

@@ -467,9 +467,14 @@ fn every_source_compiles_with_nvrtc_for_the_shipped_targets() {
         return;
     };
     let (bm, bn) = nvrtc::BASELINE_ARCH;
-    for arch in [nvrtc::arch_name(bm, bn), nvrtc::arch_name(8, 7), nvrtc::arch_name(9, 0)] {
+    for arch in [
+        nvrtc::arch_name(bm, bn),
+        nvrtc::arch_name(8, 7),
+        nvrtc::arch_name(9, 0),
+    ] {
         assert!(
-            info.archs.contains(&arch["compute_".len()..].parse().unwrap()),
+            info.archs
+                .contains(&arch["compute_".len()..].parse().unwrap()),
             "NVRTC {} has no {arch}",
             info.version
         );
@@ -477,7 +482,11 @@ fn every_source_compiles_with_nvrtc_for_the_shipped_targets() {
             let ptx = nvrtc::compile(s.name, s.code, &arch, &[]).unwrap().to_src();
             assert!(ptx.contains(".entry"), "{} for {arch}: no entry", s.name);
             // Nothing left for ptxas or the driver to resolve (NVRTC 12.2's bare __dp4a).
-            assert!(!ptx.contains(".extern .func"), "{} for {arch}: an unresolved call", s.name);
+            assert!(
+                !ptx.contains(".extern .func"),
+                "{} for {arch}: an unresolved call",
+                s.name
+            );
         }
     }
 }
@@ -489,9 +498,9 @@ fn every_source_compiles_with_nvrtc_for_the_shipped_targets() {
 mod gpu {
     use std::error::Error;
 
+    use super::*;
     use inferloop_kernels::cpu::{attention, elementwise, embed, rmsnorm, rope, softmax};
     use inferloop_kernels::cuda::{ops, test_gpu, Gpu};
-    use super::*;
 
     type R = Result<(), Box<dyn Error>>;
 

@@ -412,9 +412,14 @@ mod tests {
     #[test]
     fn host_and_device_compiles_agree_on_contraction() {
         assert!(CXX_FLAGS.contains(&"-ffp-contract=off"));
-        assert!(!CXX_FLAGS.iter().any(|f| f.contains("fast-math") && !f.contains("no-")));
+        assert!(!CXX_FLAGS
+            .iter()
+            .any(|f| f.contains("fast-math") && !f.contains("no-")));
         let o = inferloop_kernels::nvrtc::options("compute_87", &[]);
-        assert!(o.iter().any(|f| f == inferloop_kernels::nvrtc::FMAD_OFF), "{o:?}");
+        assert!(
+            o.iter().any(|f| f == inferloop_kernels::nvrtc::FMAD_OFF),
+            "{o:?}"
+        );
     }
 
     #[test]

@@ -63,7 +63,10 @@ fn the_h200_profile_reports_its_132_sms_and_cuda_13() {
 fn an_unknown_profile_fails_cuinit_naming_the_choices() {
     let (ok, text) = run("unknown", Some("gtx-480"));
     assert!(ok, "{text}");
-    assert!(text.contains("INFERLOOP_SIM_PROFILE=gtx-480 names no profile (orin-nx, h200)"), "{text}");
+    assert!(
+        text.contains("INFERLOOP_SIM_PROFILE=gtx-480 names no profile (orin-nx, h200)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -95,7 +98,10 @@ mod cases {
             "orin-nx" => profile("orin-nx", (8, 7), 8, 2 << 20, 1536, 12020, true),
             "h200" => profile("h200", (9, 0), 132, 50 << 20, 2048, 13000, false),
             "unknown" => {
-                assert!(CudaContext::new(0).is_err(), "cuInit accepted an unknown profile");
+                assert!(
+                    CudaContext::new(0).is_err(),
+                    "cuInit accepted an unknown profile"
+                );
                 Ok(())
             }
             "pool" => pool(),
@@ -113,13 +119,23 @@ mod cases {
         integrated: bool,
     ) -> R {
         let ctx = CudaContext::new(0)?;
-        assert!(ctx.name()?.ends_with(&format!("profile {name})")), "{}", ctx.name()?);
+        assert!(
+            ctx.name()?.ends_with(&format!("profile {name})")),
+            "{}",
+            ctx.name()?
+        );
         assert_eq!(ctx.compute_capability()?, cc);
-        assert_eq!(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?, sms);
+        assert_eq!(
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            sms
+        );
         assert_eq!(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?, l2);
         let per_sm = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?;
         assert_eq!(per_sm, threads_per_sm);
-        assert_eq!(ctx.attribute(A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1, integrated);
+        assert_eq!(
+            ctx.attribute(A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1,
+            integrated
+        );
         let optin = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         assert!(optin > 48 << 10, "opt-in shared memory {optin}");
         assert_eq!(inferloop_kernels::cuda::driver_version()?, driver);
@@ -129,8 +145,7 @@ mod cases {
     fn pool_attr(pool: sys::CUmemoryPool, attr: P) -> Result<u64, Box<dyn Error>> {
         let mut v = 0u64;
         // SAFETY: attributes 4..8 are cuuint64_t.
-        unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) }
-            .result()?;
+        unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) }.result()?;
         Ok(v)
     }
 
@@ -153,10 +168,18 @@ mod cases {
         assert_eq!(pool_attr(pool, used)?, 4096);
         drop(a);
         assert_eq!(pool_attr(pool, used)?, 0);
-        assert_eq!(pool_attr(pool, reserved)?, 4096, "a freed block stays in the pool");
+        assert_eq!(
+            pool_attr(pool, reserved)?,
+            4096,
+            "a freed block stays in the pool"
+        );
         // SAFETY: read back before any write, to see what the pool hands out.
         let b = unsafe { stream.alloc::<u8>(1000)? };
-        assert_eq!(b.device_ptr(&stream).0, pa, "the pool did not reuse the block");
+        assert_eq!(
+            b.device_ptr(&stream).0,
+            pa,
+            "the pool did not reuse the block"
+        );
         assert!(stream.clone_dtoh(&b)?.iter().all(|&x| x == 0xcd));
         let pb = b.device_ptr(&stream).0;
         drop(b);

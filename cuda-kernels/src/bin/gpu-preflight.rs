@@ -22,7 +22,9 @@ use inferloop_kernels::kernels::SOURCES;
 use inferloop_kernels::nvrtc;
 
 #[derive(Parser)]
-#[command(about = "Open the GPU and load every kernel module as the daemon does; exit 1 naming any failure")]
+#[command(
+    about = "Open the GPU and load every kernel module as the daemon does; exit 1 naming any failure"
+)]
 struct Args {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -147,7 +149,11 @@ fn check(ordinal: usize, r: &mut Report) -> Result<()> {
 
 fn print(r: &Report) {
     let na = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
-    println!("driver: CUDA {} (built for the CUDA {} driver API)", na(&r.driver), r.cuda_api);
+    println!(
+        "driver: CUDA {} (built for the CUDA {} driver API)",
+        na(&r.driver),
+        r.cuda_api
+    );
     println!("nvrtc: {}", r.nvrtc);
     if !r.device.is_null() {
         println!("device: {}", r.device);
@@ -230,7 +236,10 @@ fn summary(dir: &Path, expected: u64, ran: u64) -> Result<()> {
     let path = dir.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&s)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    println!("summary: ok={ok} gpu_tests_run={ran}/{expected} -> {}", path.display());
+    println!(
+        "summary: ok={ok} gpu_tests_run={ran}/{expected} -> {}",
+        path.display()
+    );
     if !ok {
         std::process::exit(1);
     }

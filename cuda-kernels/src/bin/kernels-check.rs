@@ -22,7 +22,9 @@ use inferloop_kernels::kernels::SOURCES;
 use inferloop_kernels::nvrtc;
 
 #[derive(Parser)]
-#[command(about = "Build every kernel as cubins and baseline PTX with NVRTC and ptxas, no GPU needed")]
+#[command(
+    about = "Build every kernel as cubins and baseline PTX with NVRTC and ptxas, no GPU needed"
+)]
 struct Args {
     /// Architectures (compute capability as major.minor) to build cubins for.
     #[arg(long, value_delimiter = ',', default_value = "8.7,9.0")]
@@ -119,7 +121,12 @@ fn baseline_ptx(args: &Args) -> Result<()> {
         );
         let path = dir.join(format!("{}.ptx", s.name));
         write(&path, &ptx)?;
-        ptxas(&args.ptxas, &format!("sm_{major}{minor}"), &path, Path::new("/dev/null"))?;
+        ptxas(
+            &args.ptxas,
+            &format!("sm_{major}{minor}"),
+            &path,
+            Path::new("/dev/null"),
+        )?;
     }
     println!(
         "PTX for compute_{major}{minor} at ISA {} -> {}",
@@ -146,7 +153,10 @@ fn check_no_contraction() -> Result<()> {
         default.contains("fma.rn.f32"),
         "NVRTC's default no longer contracts a*b+c; the probe checks nothing:\n{default}"
     );
-    println!("contraction: off ({}: mul.rn + add.rn, default would fma.rn)", nvrtc::FMAD_OFF);
+    println!(
+        "contraction: off ({}: mul.rn + add.rn, default would fma.rn)",
+        nvrtc::FMAD_OFF
+    );
     Ok(())
 }
 

@@ -73,7 +73,12 @@ impl KernelsFrom {
     /// One line: each origin with its module count, e.g. `cubin sm_87 ×9 from /usr/lib/…`.
     pub fn summary(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
-        for o in [Origin::PtxOverride, Origin::Cubin, Origin::Ptx, Origin::Nvrtc] {
+        for o in [
+            Origin::PtxOverride,
+            Origin::Cubin,
+            Origin::Ptx,
+            Origin::Nvrtc,
+        ] {
             let n = self.modules.iter().filter(|m| m.origin == o).count();
             if n > 0 {
                 parts.push(format!("{} x{n}", o.as_str()));
@@ -193,12 +198,12 @@ pub fn module(
     let arch = nvrtc::arch_for(target.capability).map_err(|e| GpuError::NoModule {
         module: name.to_string(),
         dir: dir.map(|d| d.display().to_string()),
-        source: e,
+        source: Box::new(e),
     })?;
     let info = nvrtc::info().map_err(|e| GpuError::NoModule {
         module: name.to_string(),
         dir: dir.map(|d| d.display().to_string()),
-        source: e,
+        source: Box::new(e),
     })?;
     let ptx = nvrtc::compile(name, code, &arch, &[])?;
     let detail = format!("NVRTC {} ({}) for {arch}", info.version, info.library);
@@ -245,8 +250,13 @@ mod tests {
             Err(e) => panic!("{e}"),
         }
         // The override wins, and a file it lacks is an error naming it.
-        let e = module("k", "", &ORIN, Some(&dir), Some(&dir)).err().unwrap();
-        assert!(e.to_string().contains("cannot read kernel module k from"), "{e}");
+        let e = module("k", "", &ORIN, Some(&dir), Some(&dir))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("cannot read kernel module k from"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -259,7 +269,11 @@ mod tests {
         };
         let k = KernelsFrom {
             dir: Some(PathBuf::from("/usr/lib/inferloop/kernels")),
-            modules: vec![m("a", Origin::Cubin), m("b", Origin::Cubin), m("c", Origin::Nvrtc)],
+            modules: vec![
+                m("a", Origin::Cubin),
+                m("b", Origin::Cubin),
+                m("c", Origin::Nvrtc),
+            ],
         };
         assert_eq!(
             k.summary(),

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use crate::kernels::SOURCES;
 use crate::nvrtc::CompileError;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
 pub use cudarc;
 pub use load::{KernelsFrom, ModuleSource, Origin, KERNELS_DIR_ENV, PTX_DIR_ENV};
@@ -43,7 +43,7 @@ pub enum GpuError {
     NoModule {
         module: String,
         dir: Option<String>,
-        source: CompileError,
+        source: Box<CompileError>,
     },
     #[error("{KERNELS_DIR_ENV}={path} is not a directory")]
     KernelsDir { path: String },
@@ -102,7 +102,13 @@ impl Gpu {
         };
         let mut modules = HashMap::new();
         for s in SOURCES {
-            let (ptx, from) = load::module(s.name, s.code, &target, override_dir.as_deref(), dir.as_deref())?;
+            let (ptx, from) = load::module(
+                s.name,
+                s.code,
+                &target,
+                override_dir.as_deref(),
+                dir.as_deref(),
+            )?;
             let module = ctx
                 .load_module(ptx)
                 .map_err(|source| GpuError::ModuleLoad {
