@@ -175,9 +175,10 @@ kernels-test-aarch64:
 TARGET ?=
 device-bundle: kernels-check
 	rm -rf out/device && mkdir -p out/device/tests out/device/kernels
-	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench --bin gpu-preflight $(if $(TARGET),--target $(TARGET))
 	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
 	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
+	# After the tests: `cargo test` rebuilds the binaries without the feature.
+	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench --bin gpu-preflight $(if $(TARGET),--target $(TARGET))
 	mkdir -p out/device/daemon
 	cargo build --release $(LOCKED) -p inferloopd --example native_decode $(if $(TARGET),--target $(TARGET))
 	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
