@@ -313,8 +313,11 @@ mod tests {
         std::fs::create_dir_all(overlay.join("usr/lib/sysusers.d")).expect("mkdir");
         std::fs::create_dir_all(root.join("etc")).expect("mkdir");
         // As on Debian and L4T's Ubuntu: video has a fixed id; 999 is taken.
-        std::fs::write(root.join("etc/group"), "root:x:0:\nvideo:x:44:\nsystemd-journal:x:999:\n")
-            .expect("w");
+        std::fs::write(
+            root.join("etc/group"),
+            "root:x:0:\nvideo:x:44:\nsystemd-journal:x:999:\n",
+        )
+        .expect("w");
         std::fs::write(root.join("etc/gshadow"), "root:*::\nvideo:*::\n").expect("w");
         let conf = overlay.join("usr/lib/sysusers.d/inferloop.conf");
         std::fs::write(
@@ -335,7 +338,9 @@ mod tests {
 
         std::fs::write(&conf, "m inferloop kvm\n").expect("w");
         match apply(&overlay, &root) {
-            Err(ImageError::SysUsers { line: 1, message, .. }) => {
+            Err(ImageError::SysUsers {
+                line: 1, message, ..
+            }) => {
                 assert!(message.contains("`kvm` is not defined"), "{message}")
             }
             other => panic!("expected a refusal naming the group: {other:?}"),

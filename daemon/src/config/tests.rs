@@ -611,9 +611,12 @@ fn the_debug_stall_file_is_no_file_key() {
 #[test]
 fn cpu_fallback_comes_from_the_file_the_environment_or_a_bare_flag() {
     let image = "device = \"cuda\"\ncpu_fallback = false\n";
-    let cfg = ServeConfig::resolve(Some(file(image)), ServeLayer::default(), env(&[]))
-        .expect("valid");
-    assert_eq!((cfg.device, cfg.cpu_fallback), (DeviceChoice::Cuda, Some(false)));
+    let cfg =
+        ServeConfig::resolve(Some(file(image)), ServeLayer::default(), env(&[])).expect("valid");
+    assert_eq!(
+        (cfg.device, cfg.cpu_fallback),
+        (DeviceChoice::Cuda, Some(false))
+    );
     let cfg = ServeConfig::resolve(
         Some(file(image)),
         ServeLayer::default(),

@@ -266,7 +266,15 @@ async fn device_cuda_with_cpu_fallback_serves_on_the_cpu_and_says_so() {
     let empty = no_libcuda();
     let path = empty.path().to_str().expect("UTF-8 path");
     let d = Daemon::try_start_with_env(
-        &["--device", "cuda", "--cpu-fallback", "--slots", "1", "--ctx", "256"],
+        &[
+            "--device",
+            "cuda",
+            "--cpu-fallback",
+            "--slots",
+            "1",
+            "--ctx",
+            "256",
+        ],
         &[("LD_LIBRARY_PATH", path)],
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -289,7 +297,10 @@ async fn device_cuda_with_cpu_fallback_serves_on_the_cpu_and_says_so() {
             .is_some_and(|e| e.contains("libcuda.so.1")),
         "{status}"
     );
-    assert!(metrics.contains("\ninferloop_cpu_fallback 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("\ninferloop_cpu_fallback 1\n"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("inferloop_backend_info{backend=\"llama.cpp\",device=\"cpu\"} 1\n"),
         "{metrics}"

@@ -44,7 +44,14 @@ fn native_runs_on_the_cpu_when_asked_or_without_a_gpu_under_auto() {
 
 #[test]
 fn native_runs_on_cuda_when_asked_or_found_with_q8_0_weights() {
-    let s = select(BackendChoice::Native, DeviceChoice::Cuda, Some(false), gpu, q8).unwrap();
+    let s = select(
+        BackendChoice::Native,
+        DeviceChoice::Cuda,
+        Some(false),
+        gpu,
+        q8,
+    )
+    .unwrap();
     assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cuda));
     assert_eq!(s.gpu.as_deref(), Some("Orin"));
     assert!(s.why.contains("Orin"), "{}", s.why);
@@ -55,7 +62,14 @@ fn native_runs_on_cuda_when_asked_or_found_with_q8_0_weights() {
             assert_eq!(s.gpu_error, None);
         }
     }
-    let err = select(BackendChoice::Native, DeviceChoice::Cuda, Some(false), gpu, q4).unwrap_err();
+    let err = select(
+        BackendChoice::Native,
+        DeviceChoice::Cuda,
+        Some(false),
+        gpu,
+        q4,
+    )
+    .unwrap_err();
     assert!(
         matches!(&err, SelectError::NativeNeedsQ8(t) if t.contains("attn_q")),
         "{err}"
@@ -103,7 +117,14 @@ fn device_cuda_without_a_gpu_refuses_with_exit_4_naming_the_reason() {
 
 #[test]
 fn auto_without_cpu_fallback_refuses_only_when_the_gpu_would_serve() {
-    let err = select(BackendChoice::Auto, DeviceChoice::Auto, Some(false), none, q8).unwrap_err();
+    let err = select(
+        BackendChoice::Auto,
+        DeviceChoice::Auto,
+        Some(false),
+        none,
+        q8,
+    )
+    .unwrap_err();
     assert!(
         matches!(&err, SelectError::NoGpu { device: "auto", .. }),
         "{err}"
@@ -111,26 +132,55 @@ fn auto_without_cpu_fallback_refuses_only_when_the_gpu_would_serve() {
     assert_eq!(err.exit_code(), ExitCode::ModelLoad);
     // llama.cpp never wants the GPU; with a GPU, weights that are not Q8_0 decide (no
     // failure to open anything).
-    let s = select(BackendChoice::Llama, DeviceChoice::Auto, Some(false), none, q8).unwrap();
+    let s = select(
+        BackendChoice::Llama,
+        DeviceChoice::Auto,
+        Some(false),
+        none,
+        q8,
+    )
+    .unwrap();
     assert_eq!((s.backend, s.gpu_error), (BackendKind::LlamaCpp, None));
-    let s = select(BackendChoice::Auto, DeviceChoice::Auto, Some(false), gpu, q4).unwrap();
+    let s = select(
+        BackendChoice::Auto,
+        DeviceChoice::Auto,
+        Some(false),
+        gpu,
+        q4,
+    )
+    .unwrap();
     assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
     assert_eq!(s.gpu_error, None);
 }
 
 #[test]
 fn cpu_fallback_serves_on_the_cpu_and_says_why() {
-    let s = select(BackendChoice::Auto, DeviceChoice::Cuda, Some(true), none, q8).unwrap();
+    let s = select(
+        BackendChoice::Auto,
+        DeviceChoice::Cuda,
+        Some(true),
+        none,
+        q8,
+    )
+    .unwrap();
     assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
     assert_eq!(s.gpu, None);
     assert_eq!(s.gpu_error, Some(none().unwrap_err()));
     assert!(
-        s.why.starts_with("--device cuda: the CUDA GPU cannot be opened (no CUDA driver")
+        s.why
+            .starts_with("--device cuda: the CUDA GPU cannot be opened (no CUDA driver")
             && s.why.contains("cpu_fallback = true"),
         "{}",
         s.why
     );
-    let s = select(BackendChoice::Native, DeviceChoice::Cuda, Some(true), none, q8).unwrap();
+    let s = select(
+        BackendChoice::Native,
+        DeviceChoice::Cuda,
+        Some(true),
+        none,
+        q8,
+    )
+    .unwrap();
     assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cpu));
     let text = metrics(s);
     assert!(text.contains("\ninferloop_cpu_fallback 1\n"), "{text}");
@@ -144,8 +194,18 @@ fn cpu_fallback_serves_on_the_cpu_and_says_why() {
     assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
     assert_eq!(s.gpu_error, None);
     assert!(s.why.starts_with("no CUDA GPU"), "{}", s.why);
-    let s = select(BackendChoice::Auto, DeviceChoice::Auto, Some(true), none, q8).unwrap();
-    assert_eq!((s.backend, s.gpu_error), (BackendKind::LlamaCpp, Some(none().unwrap_err())));
+    let s = select(
+        BackendChoice::Auto,
+        DeviceChoice::Auto,
+        Some(true),
+        none,
+        q8,
+    )
+    .unwrap();
+    assert_eq!(
+        (s.backend, s.gpu_error),
+        (BackendKind::LlamaCpp, Some(none().unwrap_err()))
+    );
     // And `--device cuda` with nothing said refuses, as `cpu_fallback = false` does.
     assert!(matches!(
         select(BackendChoice::Native, DeviceChoice::Cuda, None, none, q8),
@@ -171,7 +231,14 @@ fn auto_is_llama_cpp_on_the_cpu_and_says_why() {
 
 #[test]
 fn the_backend_device_and_gpu_are_exported_and_shown() {
-    let s = select(BackendChoice::Auto, DeviceChoice::Cuda, Some(false), gpu, q8).unwrap();
+    let s = select(
+        BackendChoice::Auto,
+        DeviceChoice::Cuda,
+        Some(false),
+        gpu,
+        q8,
+    )
+    .unwrap();
     assert_eq!(
         serde_json::to_value(&s).unwrap(),
         serde_json::json!({
@@ -183,7 +250,9 @@ fn the_backend_device_and_gpu_are_exported_and_shown() {
     );
     let text = metrics(s);
     assert!(
-        text.contains("inferloop_backend_info{backend=\"native\",device=\"cuda\",gpu=\"Orin\"} 1\n"),
+        text.contains(
+            "inferloop_backend_info{backend=\"native\",device=\"cuda\",gpu=\"Orin\"} 1\n"
+        ),
         "{text}"
     );
     assert!(text.contains("\ninferloop_cpu_fallback 0\n"), "{text}");
