@@ -109,7 +109,8 @@ run: deps model build
 # (llama-cpp-sys-2 builds it again, as RelWithDebInfo, for the dev profile:
 # minutes on 2 cores). It lints the same code, and q8-bench again with its only feature.
 CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench -- -D warnings
-test: deps model
+# model-q8: the image tests compare the Orin example's pin with the file it makes.
+test: deps model model-q8
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
 	$(CLIPPY_Q8_BENCH)
@@ -258,7 +259,8 @@ image-tool: deps
 base-rootfs:
 	scripts/make-base-rootfs.sh out/base-rootfs
 
-image: image-tool base-rootfs $(CROSS_BIN)
+# The Orin example bakes $(MODEL_Q8), pinned by its SHA-256: model-q8 makes it first.
+image: image-tool base-rootfs $(CROSS_BIN) model-q8
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(IMAGE_SPEC) --out $(IMAGE_OUT)
 	$(IMAGE_BIN) verify --manifest $(IMAGE_OUT)/manifest.json
 	$(IMAGE_BIN) inspect $(IMAGE_OUT)/manifest.json
@@ -275,7 +277,7 @@ BUNDLE_FORMAT ?= verity
 ota-keys:
 	scripts/ota-keys.sh $(OTA_KEYS)
 
-bundle: image-tool base-rootfs $(CROSS_BIN) ota-keys
+bundle: image-tool base-rootfs $(CROSS_BIN) ota-keys model-q8
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(OTA_SPEC) --out $(OTA_IMAGE_OUT)
 	$(IMAGE_BIN) verify --manifest $(OTA_IMAGE_OUT)/manifest.json
 	$(IMAGE_BIN) bundle --spec $(OTA_SPEC) --image $(OTA_IMAGE_OUT) --format $(BUNDLE_FORMAT) \

@@ -1,6 +1,6 @@
 //! Boot gates, run before anything large is allocated: the weights against the manifest
-//! (exit 3), the backend and device choice (exit 2), then the memory ledger against the
-//! limits (exit 1).
+//! (exit 3), the backend and device choice (exit 2; 4 for a GPU that cannot be opened
+//! without `cpu_fallback`), then the memory ledger against the limits (exit 1).
 
 use std::sync::{Arc, OnceLock};
 
@@ -40,7 +40,8 @@ impl BootError {
             Self::Integrity(_) => ExitCode::Integrity,
             Self::Memory(_) => ExitCode::MemoryRefused,
             Self::Model(_) => ExitCode::ModelLoad,
-            Self::Select(_) | Self::Plan(_) => ExitCode::Usage,
+            Self::Select(e) => e.exit_code(),
+            Self::Plan(_) => ExitCode::Usage,
         }
     }
 }
@@ -82,16 +83,33 @@ pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>,
 /// Resolves `--backend` and `--device` against this machine, the weights and the plan;
 /// logs why.
 pub fn select_backend(config: &ServeConfig, plan: &EnginePlan) -> Result<Selection, SelectError> {
-    let selection = select::select(config.backend, config.device, select::probe_gpu, || {
-        select::first_non_q8_0(&config.model)
-    })?;
+    let selection = select::select(
+        config.backend,
+        config.device,
+        config.cpu_fallback,
+        select::probe_gpu,
+        || select::first_non_q8_0(&config.model),
+    )?;
     selection.check_plan(plan)?;
-    tracing::info!(
-        backend = selection.name(),
-        device = selection.device.name(),
-        why = %selection.why,
-        "backend selected"
-    );
+    let gpu = selection.gpu.as_deref().unwrap_or("none");
+    if selection.gpu_error.is_some() {
+        // Serving, but not where it was asked to: loud enough to be seen in the journal.
+        tracing::warn!(
+            backend = selection.name(),
+            device = selection.device.name(),
+            gpu,
+            why = %selection.why,
+            "backend selected: CPU fallback"
+        );
+    } else {
+        tracing::info!(
+            backend = selection.name(),
+            device = selection.device.name(),
+            gpu,
+            why = %selection.why,
+            "backend selected"
+        );
+    }
     Ok(selection)
 }
 

@@ -64,6 +64,10 @@ pub struct ServeConfig {
     /// at boot ([`crate::engine::select`]).
     pub backend: BackendChoice,
     pub device: DeviceChoice,
+    /// `--cpu-fallback`: whether a wanted GPU that cannot be opened means the CPU (true) or a
+    /// refusal to start, exit 4 (false). `None`: `auto` uses the CPU as on any machine
+    /// without a GPU, `cuda` refuses ([`crate::engine::select::select`]).
+    pub cpu_fallback: Option<bool>,
     pub api_key: Option<String>,
     pub queue_timeout: Duration,
     pub shutdown_timeout: Duration,
@@ -187,6 +191,7 @@ impl ServeConfig {
             threads,
             backend: l.backend.unwrap_or_default(),
             device: l.device.unwrap_or_default(),
+            cpu_fallback: l.cpu_fallback,
             api_key,
             queue_timeout,
             shutdown_timeout,

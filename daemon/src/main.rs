@@ -278,7 +278,7 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("{e}");
-            return ExitCode::Usage;
+            return e.exit_code();
         }
     };
     let decision = match inferloopd::boot::check_memory(&config, &plan, &selection) {

@@ -97,7 +97,7 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     for overlay in &spec.overlays {
         tracing::info!(overlay = %overlay.display(), "applying the overlay");
         stage::overlay(overlay, &root, &stage::template_vars(spec))?;
-        stage::sysusers(overlay, &root)?;
+        crate::sysusers::apply(overlay, &root)?;
     }
 
     let daemon_dest = tree::join(&root, DAEMON_PATH);

@@ -6,7 +6,9 @@
 //! - [`spec`]: the build spec (`image.toml`), strict TOML, checked against the board
 //!   profiles and the daemon's config keys before anything is built.
 //! - [`stage`]: the staging tree: base rootfs (directory or tarball), the `rootfs/` overlay
-//!   and its `*.in` templates, sysusers entries, the generated config, mount points.
+//!   and its `*.in` templates, the generated config, mount points.
+//! - [`sysusers`]: the overlay's sysusers.d users, groups and memberships written into the
+//!   image's `/etc/passwd` and `/etc/group`.
 //! - [`debian`]: a Debian base built by mmdebstrap (cached), its kernel and initrd.
 //! - [`tree`]: walking and copying trees; the manifest's sorted file list.
 //! - [`build`]: the whole build; outputs are renamed into place only when complete.
@@ -34,6 +36,7 @@ pub mod pack;
 pub mod progress;
 pub mod spec;
 pub mod stage;
+pub mod sysusers;
 pub mod tools;
 pub mod tree;
 pub mod verify;

@@ -35,6 +35,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "threads",
     "backend",
     "device",
+    "cpu_fallback",
     "api_key",
     "insecure_no_auth",
     "queue_timeout_ms",
@@ -324,7 +325,7 @@ impl Spec {
             })?),
         };
         let model = check_model(file.model, &resolve)?;
-        let config = check_config(file.config)?;
+        let config = check_config(file.config, board)?;
         let ota = match file.ota {
             Some(ota) => Some(check_ota(ota, board, &daemon.target, &resolve)?),
             None => None,
@@ -655,7 +656,10 @@ fn check_ota(
     })
 }
 
-fn check_config(config: toml::Table) -> Result<toml::Table, ImageError> {
+/// Checks `[config]` and settles, for a board with a CUDA GPU, what a box whose GPU cannot
+/// be opened does: the spec's `cpu_fallback`, else `false` (the daemon refuses to start, exit
+/// 4, and the unit's journal names why) rather than serving on the CPU unnoticed.
+fn check_config(mut config: toml::Table, board: &BoardProfile) -> Result<toml::Table, ImageError> {
     for key in config.keys() {
         if RESERVED_CONFIG_KEYS.contains(&key.as_str()) {
             return Err(invalid(
@@ -679,6 +683,29 @@ fn check_config(config: toml::Table) -> Result<toml::Table, ImageError> {
                 ),
             ));
         }
+    }
+    let device = match config.get("device") {
+        None => "auto",
+        Some(toml::Value::String(d)) if ["auto", "cpu", "cuda"].contains(&d.as_str()) => d.as_str(),
+        Some(other) => {
+            return Err(invalid(
+                "config.device",
+                format!("{other} must be \"auto\", \"cpu\" or \"cuda\""),
+            ))
+        }
+    };
+    match config.get("cpu_fallback") {
+        None | Some(toml::Value::Boolean(_)) => {}
+        Some(other) => {
+            return Err(invalid(
+                "config.cpu_fallback",
+                format!("{other} must be true or false"),
+            ))
+        }
+    }
+    let wants_gpu = board.gpu.is_some() && device != "cpu";
+    if wants_gpu && !config.contains_key("cpu_fallback") {
+        config.insert("cpu_fallback".into(), toml::Value::Boolean(false));
     }
     Ok(config)
 }

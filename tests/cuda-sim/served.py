@@ -119,7 +119,8 @@ def main() -> None:
                 status = d.get("/v1/status")
                 assert '"device":"cuda"' in status.replace(" ", ""), status
                 metrics = d.get("/metrics")
-                assert 'inferloop_backend_info{backend="native",device="cuda"} 1' in metrics
+                assert ('inferloop_backend_info{backend="native",device="cuda",'
+                        'gpu="InferLoop CUDA emulator') in metrics, metrics
                 log = "".join(d.lines)
                 assert "CUDA pass checked against the CPU twins" in log, log
                 assert "emulator" in log, "not the CUDA emulator:\n" + log

@@ -48,6 +48,10 @@ pub struct ServeLayer {
     /// found).
     #[arg(long, value_name = "auto|cpu|cuda")]
     pub device: Option<DeviceChoice>,
+    /// When the CUDA GPU cannot be opened, serve on the CPU instead of refusing to start
+    /// (exit 4). Default: true with `--device auto`, false with `--device cuda`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "true|false")]
+    pub cpu_fallback: Option<bool>,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long)]
     pub api_key: Option<String>,

@@ -607,3 +607,29 @@ fn the_debug_stall_file_is_no_file_key() {
         .expect_err("test-only hook: environment only");
     assert!(err.to_string().contains("debug_stall_file"), "{err}");
 }
+
+#[test]
+fn cpu_fallback_comes_from_the_file_the_environment_or_a_bare_flag() {
+    let image = "device = \"cuda\"\ncpu_fallback = false\n";
+    let cfg =
+        ServeConfig::resolve(Some(file(image)), ServeLayer::default(), env(&[])).expect("valid");
+    assert_eq!(
+        (cfg.device, cfg.cpu_fallback),
+        (DeviceChoice::Cuda, Some(false))
+    );
+    let cfg = ServeConfig::resolve(
+        Some(file(image)),
+        ServeLayer::default(),
+        env(&[("INFERLOOP_CPU_FALLBACK", "true")]),
+    )
+    .expect("valid");
+    assert_eq!(cfg.cpu_fallback, Some(true));
+    // `--cpu-fallback` alone means true.
+    let cli = <ServeLayer as clap::Args>::augment_args(clap::Command::new("t"))
+        .try_get_matches_from(["t", "--cpu-fallback"])
+        .expect("parses");
+    let flags = <ServeLayer as clap::FromArgMatches>::from_arg_matches(&cli).expect("layer");
+    assert_eq!(flags.cpu_fallback, Some(true));
+    let cfg = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
+    assert_eq!(cfg.cpu_fallback, None, "unset: the device decides");
+}

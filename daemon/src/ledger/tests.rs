@@ -38,7 +38,9 @@ fn llama() -> Selection {
     Selection {
         backend: BackendKind::LlamaCpp,
         device: Device::Cpu,
+        gpu: None,
         why: String::new(),
+        gpu_error: None,
     }
 }
 
@@ -46,7 +48,9 @@ fn native(device: Device) -> Selection {
     Selection {
         backend: BackendKind::Native,
         device,
+        gpu: None,
         why: String::new(),
+        gpu_error: None,
     }
 }
 

@@ -88,7 +88,16 @@ impl Daemon {
     /// Runs the daemon with `args` and expects it to exit on its own within `timeout`;
     /// returns the exit status and everything it logged.
     pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
-        let mut daemon = spawn(args, &[]).unwrap_or_else(|e| panic!("{e}"));
+        Self::run_to_exit_with_env(args, &[], timeout)
+    }
+
+    /// Like [`Daemon::run_to_exit`], with extra environment variables for this daemon only.
+    pub fn run_to_exit_with_env(
+        args: &[&str],
+        env: &[(&str, &str)],
+        timeout: Duration,
+    ) -> (ExitStatus, String) {
+        let mut daemon = spawn(args, env).unwrap_or_else(|e| panic!("{e}"));
         let Some(status) = daemon.wait_exit(timeout) else {
             panic!(
                 "daemon still running after {timeout:?}; log:\n{}",

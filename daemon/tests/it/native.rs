@@ -1,7 +1,8 @@
 //! `--backend native`: the Q8_0 model served by the native forward pass on the CPU (chat,
 //! streaming, two requests at once, reported in `/v1/status` and `/metrics`), and the
-//! refusals: weights that are not Q8_0 (exit 4, naming a tensor) and `--device cuda` without
-//! a GPU or with weights it cannot run (exit 2).
+//! refusals: weights that are not Q8_0 (exit 4, naming a tensor), `--device cuda` where no
+//! libcuda can be loaded (exit 4, naming why; the CPU with `--cpu-fallback`), and
+//! combinations the GPU cannot run (exit 2).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -72,7 +73,7 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     let status = d.status().await;
     assert_eq!(
         status["backend"],
-        json!({"name": "native", "device": "cpu"}),
+        json!({"name": "native", "device": "cpu", "reason": "--backend native on the CPU (--device cpu)"}),
         "{status}"
     );
     assert!(
@@ -208,22 +209,131 @@ fn native_backend_with_a_shared_kv_pool_is_a_usage_error() {
     assert!(log.contains("no shared pool yet"), "{log}");
 }
 
+/// True when a libcuda is installed system-wide (in the loader's cache), where no
+/// LD_LIBRARY_PATH can hide it; the tests that need its absence then say so and check nothing.
+fn system_libcuda() -> bool {
+    let cached = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("libcuda.so.1"))
+        .unwrap_or(false);
+    if cached {
+        eprintln!("libcuda.so.1 is installed system-wide here: its absence cannot be tested");
+    }
+    cached
+}
+
+/// An empty directory as the whole library path: the CUDA emulator a CI run exports is not
+/// found either.
+fn no_libcuda() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
 #[test]
-fn device_cuda_without_a_gpu_or_q8_0_weights_is_a_usage_error() {
-    let model = find_model().unwrap_or_else(|e| panic!("{e}"));
-    let model = model.to_str().expect("UTF-8 path").to_string();
-    for backend in ["native", "llama"] {
-        let (status, log) = Daemon::run_to_exit(
-            &["--model", &model, "--backend", backend, "--device", "cuda"],
+fn device_cuda_without_libcuda_refuses_to_start_with_exit_4_naming_the_reason() {
+    if system_libcuda() {
+        return;
+    }
+    let empty = no_libcuda();
+    let path = empty.path().to_str().expect("UTF-8 path");
+    let model = q8();
+    for (backend, fallback) in [("native", None), ("auto", Some("false"))] {
+        let mut args = vec!["--model", &model, "--backend", backend, "--device", "cuda"];
+        if let Some(f) = fallback {
+            args.extend(["--cpu-fallback", f]);
+        }
+        let (status, log) = Daemon::run_to_exit_with_env(
+            &args,
+            &[("LD_LIBRARY_PATH", path)],
             Duration::from_secs(60),
         );
-        assert_eq!(status.code(), Some(2), "{backend}: {log}");
-        // Here: no GPU. On a GPU: the test model is Q4_1, and this llama.cpp is CPU-only.
-        assert!(
-            log.contains("no CUDA GPU found")
-                || log.contains("runs Q8_0 weights")
-                || log.contains("CPU only"),
-            "{backend}: {log}"
+        assert_eq!(status.code(), Some(4), "{backend}: {log}");
+        let want = format!(
+            "--device cuda: the CUDA GPU cannot be opened: no CUDA driver found: libcuda.so.1 \
+             cannot be loaded (no NVIDIA driver on this machine, or not on the library path); \
+             LD_LIBRARY_PATH is \"{path}\"; refusing to start (cpu_fallback = false"
         );
+        assert!(log.contains(&want), "{backend}: want {want:?} in\n{log}");
+        assert!(!log.contains("listening on"), "{backend}: {log}");
+    }
+}
+
+#[tokio::test]
+async fn device_cuda_with_cpu_fallback_serves_on_the_cpu_and_says_so() {
+    if system_libcuda() {
+        return;
+    }
+    let empty = no_libcuda();
+    let path = empty.path().to_str().expect("UTF-8 path");
+    let d = Daemon::try_start_with_env(
+        &[
+            "--device",
+            "cuda",
+            "--cpu-fallback",
+            "--slots",
+            "1",
+            "--ctx",
+            "256",
+        ],
+        &[("LD_LIBRARY_PATH", path)],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (status, metrics) = (d.status().await, d.metrics().await);
+    let backend = &status["backend"];
+    assert_eq!(
+        (&backend["name"], &backend["device"], &backend["gpu"]),
+        (&json!("llama.cpp"), &json!("cpu"), &json!(null)),
+        "{status}"
+    );
+    let reason = backend["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("--device cuda: the CUDA GPU cannot be opened (no CUDA driver found")
+            && reason.contains("cpu_fallback = true"),
+        "{status}"
+    );
+    assert!(
+        backend["gpu_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("libcuda.so.1")),
+        "{status}"
+    );
+    assert!(
+        metrics.contains("\ninferloop_cpu_fallback 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("inferloop_backend_info{backend=\"llama.cpp\",device=\"cpu\"} 1\n"),
+        "{metrics}"
+    );
+    let log = d.log();
+    assert!(
+        log.contains("WARN") && log.contains("backend selected: CPU fallback"),
+        "{}",
+        d.log_tail()
+    );
+}
+
+#[test]
+fn llama_on_cuda_or_native_on_cuda_with_weights_not_q8_0_is_a_usage_error() {
+    let model = find_model().unwrap_or_else(|e| panic!("{e}"));
+    let model = model.to_str().expect("UTF-8 path").to_string();
+    let (status, log) = Daemon::run_to_exit(
+        &["--model", &model, "--backend", "llama", "--device", "cuda"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("CPU only"), "{log}");
+    // The test model is Q4_1: exit 2 on a GPU; here, without one, the GPU is refused first.
+    let (status, log) = Daemon::run_to_exit(
+        &["--model", &model, "--backend", "native", "--device", "cuda"],
+        Duration::from_secs(60),
+    );
+    let gpu_here = !log.contains("the CUDA GPU cannot be opened");
+    match gpu_here {
+        true => {
+            assert_eq!(status.code(), Some(2), "{log}");
+            assert!(log.contains("runs Q8_0 weights"), "{log}");
+        }
+        false => assert_eq!(status.code(), Some(4), "{log}"),
     }
 }

@@ -182,6 +182,11 @@ fn ota_example_spec_is_the_example_plus_an_ota_table() {
     make_base(&f.path("out/base-rootfs"));
     std::os::unix::fs::symlink(repo().join("rootfs"), f.path("rootfs")).expect("symlink");
     crate::common::write(
+        &f.path("models/SmolLM2-135M-Instruct.Q8_0.gguf"),
+        b"stand-in",
+        0o644,
+    );
+    crate::common::write(
         &f.path("out/ota-keys/ca.cert.pem"),
         b"-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n",
         0o644,

@@ -50,10 +50,27 @@ fn overlay_renders_the_unit_config_users_and_mount_points() {
         "RequiresMountsFor=/var/lib/inferloop /data/models",
         "User=inferloop",
         "NoNewPrivileges=yes",
+        // The Jetson GPU: its device nodes' groups and the L4T library path.
+        "SupplementaryGroups=video render",
+        "Environment=LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu/tegra:/usr/local/cuda/lib64",
+        "SystemCallFilter=~@clock",
     ] {
         assert!(
             unit.lines().any(|l| l == line),
             "unit lacks {line:?}:\n{unit}"
+        );
+    }
+    // A device allow-list, even the one ProtectClock=yes implies before systemd 253, would
+    // hide the GPU's nodes.
+    for key in [
+        "PrivateDevices=",
+        "DevicePolicy=",
+        "DeviceAllow=",
+        "ProtectClock=",
+    ] {
+        assert!(
+            !unit.lines().any(|l| l.starts_with(key)),
+            "unit sets {key}:\n{unit}"
         );
     }
     assert!(!unit.contains("@MEMORY_MAX@") && !unit.contains("@VERSION@"));
@@ -77,6 +94,8 @@ fn overlay_renders_the_unit_config_users_and_mount_points() {
     assert_eq!(config["state_dir"].as_str(), Some("/var/lib/inferloop"));
     assert_eq!(config["model"].as_str(), Some("/data/models/model.gguf"));
     assert_eq!(config["slots"].as_integer(), Some(2));
+    // The fixture's board is an Orin: a GPU that cannot be opened refuses the start.
+    assert_eq!(config["cpu_fallback"].as_bool(), Some(false));
     for key in config.keys() {
         assert!(DAEMON_CONFIG_KEYS.contains(&key.as_str()), "{key}");
     }
@@ -88,7 +107,18 @@ fn overlay_renders_the_unit_config_users_and_mount_points() {
         ),
         "{passwd}"
     );
-    assert!(text(&root.join("etc/group")).contains("inferloop:x:951:"));
+    let group = text(&root.join("etc/group"));
+    assert!(group.contains("inferloop:x:951:"), "{group}");
+    for name in ["video", "render"] {
+        let line = group
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no group {name}:\n{group}"));
+        assert!(
+            line.ends_with(":inferloop"),
+            "inferloop is a member of {name}: {line}"
+        );
+    }
     for dir in [
         "data",
         "var/lib/inferloop",
@@ -177,9 +207,11 @@ fn config_keys_match_the_daemons_serve_layer() {
     }
 }
 
-/// The example spec, loaded where its relative paths exist (a fake cross-built daemon).
+/// The example spec, loaded where its relative paths exist (a fake cross-built daemon, a
+/// stand-in for the Q8_0 weights), and its pin against the real `make model-q8` output.
 #[test]
-fn example_spec_is_valid_and_pins_the_default_model() {
+fn example_spec_bakes_the_q8_0_model_pinned_and_serves_on_the_gpu() {
+    const Q8: &str = "models/SmolLM2-135M-Instruct.Q8_0.gguf";
     let f = Fixture::new();
     let spec_text = text(&repo().join("image/examples/orin-nx-16gb.toml"));
     let origin = f.path("image/examples/orin-nx-16gb.toml");
@@ -190,6 +222,7 @@ fn example_spec_is_valid_and_pins_the_default_model() {
     );
     make_base(&f.path("out/base-rootfs"));
     std::os::unix::fs::symlink(repo().join("rootfs"), f.path("rootfs")).expect("symlink");
+    crate::common::write(&f.path(Q8), b"stand-in", 0o644);
     let spec = Spec::from_toml(&spec_text, &origin).expect("example spec");
     assert_eq!(spec.board.name, "jetson-orin-nx-16gb");
     assert_eq!(
@@ -197,16 +230,42 @@ fn example_spec_is_valid_and_pins_the_default_model() {
         env!("CARGO_PKG_VERSION"),
         "daemon.version follows the workspace"
     );
-    let fetch = text(&repo().join("scripts/fetch-model.sh"));
-    match &spec.model {
-        inferloop_image::spec::ModelInput::Mounted { sha256, size, .. } => {
-            assert!(
-                fetch.contains(sha256.as_str()),
-                "the pin is the model make model fetches"
-            );
-            assert_eq!(*size, 98_362_432);
+    let inferloop_image::spec::ModelInput::Baked { file, sha256, size } = &spec.model else {
+        panic!("the example bakes the model: {:?}", spec.model);
+    };
+    assert!(file.ends_with(Q8), "{}", file.display());
+    assert_eq!(
+        spec.model.device_path(),
+        "/usr/share/inferloop/models/SmolLM2-135M-Instruct.Q8_0.gguf"
+    );
+    let (Some(sha256), Some(size)) = (sha256, size) else {
+        panic!("the baked Q8_0 file is pinned by sha256 and size");
+    };
+    assert_eq!(
+        spec.config.get("model_id").and_then(|v| v.as_str()),
+        Some("SmolLM2-135M-Instruct.Q8_0")
+    );
+    assert_eq!(
+        spec.config.get("device").and_then(|v| v.as_str()),
+        Some("cuda")
+    );
+    assert_eq!(
+        spec.config.get("cpu_fallback").and_then(|v| v.as_bool()),
+        Some(false)
+    );
+    // `make model-q8` (inferloopd quantize over the fetched Q4_1 model) must give the bytes
+    // the example pins, or `make image` stops at the pin.
+    let real = repo().join(Q8);
+    match std::fs::metadata(&real) {
+        Ok(meta) => {
+            assert_eq!(meta.len(), *size, "{}", real.display());
+            let got = inferloop_manifest::hash::sha256_file(&real, |_, _| {}).expect("hash");
+            assert_eq!(&got, sha256, "{}", real.display());
         }
-        other => panic!("the example mounts the model: {other:?}"),
+        Err(_) => eprintln!(
+            "{} is absent (make model-q8 makes it): its pin was not compared",
+            real.display()
+        ),
     }
 }
 

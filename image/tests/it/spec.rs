@@ -309,3 +309,35 @@ fn overlay_list_and_squashfs_compression() {
         })
     ));
 }
+
+#[test]
+fn a_gpu_board_fails_closed_unless_its_spec_allows_the_cpu() {
+    let f = Fixture::new();
+    let with = |config: &str| f.spec_text("squashfs", &Fixture::mounted_model(), config);
+    let fallback = |spec: &Spec| spec.config.get("cpu_fallback").and_then(|v| v.as_bool());
+    // The Orin has a CUDA GPU: nothing said means a box whose GPU cannot be opened refuses
+    // to start (the builder writes cpu_fallback = false into the daemon's config).
+    for config in ["", "device = \"auto\"", "device = \"cuda\""] {
+        let spec = load(&f, &with(config)).expect("valid");
+        assert_eq!(fallback(&spec), Some(false), "{config:?}");
+    }
+    let spec = load(&f, &with("device = \"cuda\"\ncpu_fallback = true")).expect("valid");
+    assert_eq!(fallback(&spec), Some(true));
+    // On the CPU on purpose, or on a board without a GPU: nothing to fall back from.
+    let spec = load(&f, &with("device = \"cpu\"")).expect("valid");
+    assert_eq!(fallback(&spec), None);
+    let cpu_board = with("")
+        .replace("jetson-orin-nx-16gb", "aarch64-cpu")
+        .replace("memory_max = \"12G\"", "memory_max = \"50%\"");
+    assert_eq!(fallback(&load(&f, &cpu_board).expect("valid")), None);
+    // Values the daemon would refuse at boot are refused at build time.
+    for (config, field) in [
+        ("device = \"gpu\"", "config.device"),
+        ("cpu_fallback = \"no\"", "config.cpu_fallback"),
+    ] {
+        match load(&f, &with(config)) {
+            Err(ImageError::SpecInvalid { field: got, .. }) => assert_eq!(got, field),
+            other => panic!("{config}: expected SpecInvalid, got {other:?}"),
+        }
+    }
+}

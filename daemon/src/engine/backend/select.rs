@@ -32,14 +32,21 @@ impl BackendKind {
     }
 }
 
-/// The resolved choice and why it was made (logged at start).
+/// The resolved choice and why it was made: logged at start, shown in `/v1/status` as
+/// `{"name", "device", "gpu", "reason", "gpu_error"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Selection {
     #[serde(rename = "name")]
     pub backend: BackendKind,
     pub device: Device,
-    #[serde(skip)]
+    /// The CUDA GPU that serves (its name), when the device is CUDA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    #[serde(rename = "reason")]
     pub why: String,
+    /// Why the GPU could not be opened, when `cpu_fallback` let the CPU serve in its place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_error: Option<String>,
 }
 
 impl Selection {
@@ -98,25 +105,33 @@ impl Selection {
         [("llama", llama), ("native", native)]
     }
 
-    /// `inferloop_backend_info{backend="…",device="…"} 1`.
+    /// `inferloop_backend_info{backend="…",device="…"} 1`, plus `gpu="…"` on CUDA; and
+    /// `inferloop_cpu_fallback` (1 when the GPU could not be opened and the CPU serves).
     pub fn render_metrics(&self, w: &mut TextWriter) {
         w.gauge_family(
             "inferloop_backend_info",
-            "The backend serving and its device (always 1).",
+            "The backend serving, its device and the CUDA GPU's name (always 1).",
             |f| {
-                f.sample(
-                    &[
-                        ("backend", self.backend.name()),
-                        ("device", self.device.name()),
-                    ],
-                    1u64,
-                );
+                let mut labels = vec![
+                    ("backend", self.backend.name()),
+                    ("device", self.device.name()),
+                ];
+                if let Some(gpu) = &self.gpu {
+                    labels.push(("gpu", gpu.as_str()));
+                }
+                f.sample(&labels, 1u64);
             },
+        );
+        w.gauge(
+            "inferloop_cpu_fallback",
+            "1 when the GPU could not be opened and cpu_fallback let the CPU serve, else 0.",
+            u64::from(self.gpu_error.is_some()),
         );
     }
 }
 
-/// A combination that cannot run here; a usage error (exit 2).
+/// A combination that cannot run here: a usage error (exit 2), except a GPU that cannot be
+/// opened (exit 4, see [`SelectError::exit_code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectError {
     #[error(
@@ -126,8 +141,14 @@ pub enum SelectError {
     LlamaCpuOnly,
     #[error("--backend native --device cuda: {0}; the native backend runs Q8_0 weights")]
     NativeNeedsQ8(String),
-    #[error("--device cuda: no CUDA GPU found ({0})")]
-    NoGpu(String),
+    /// The GPU is wanted (`--device cuda`, or `auto` for a backend that would use it) and
+    /// cannot be opened, and `cpu_fallback` is false.
+    #[error(
+        "--device {device}: the CUDA GPU cannot be opened: {why}; refusing to start \
+         (cpu_fallback = false; cpu_fallback = true, --cpu-fallback or \
+         INFERLOOP_CPU_FALLBACK=true serves on the CPU instead)"
+    )]
+    NoGpu { device: &'static str, why: String },
     #[error(
         "--kv-cells {cells} is below slots x ctx ({full}): the {backend} backend keeps a KV \
          stream per sequence and has no shared pool yet; drop --kv-cells or use --backend llama"
@@ -139,41 +160,119 @@ pub enum SelectError {
     },
 }
 
-/// Resolves the choice. `gpu` finds a CUDA GPU (its name, or why none); `not_q8_0` names a
-/// weight tensor that is not Q8_0 (`None` when all are). Each is asked only when it matters.
+impl SelectError {
+    /// A GPU that cannot be opened is the model failing to load where it was asked to (4:
+    /// the unit retries it, as a driver may come up late); the rest are usage errors (2).
+    pub fn exit_code(&self) -> crate::exit::ExitCode {
+        match self {
+            Self::NoGpu { .. } => crate::exit::ExitCode::ModelLoad,
+            _ => crate::exit::ExitCode::Usage,
+        }
+    }
+}
+
+fn device_name(device: DeviceChoice) -> &'static str {
+    match device {
+        DeviceChoice::Auto => "auto",
+        DeviceChoice::Cpu => "cpu",
+        DeviceChoice::Cuda => "cuda",
+    }
+}
+
+/// Resolves the choice. `gpu` opens the first CUDA GPU (its name, or why it cannot);
+/// `not_q8_0` names a weight tensor that is not Q8_0 (`None` when all are). Each is asked
+/// only when it matters.
+///
+/// A wanted GPU that cannot be opened: `cpu_fallback` `Some(false)` refuses the start
+/// ([`SelectError::NoGpu`]); `Some(true)` resolves as on a machine without a GPU and flags
+/// the fallback (`gpu_error`); `None` refuses with `--device cuda` and, with `auto`, uses the
+/// CPU unflagged, as on any machine that has no GPU.
 pub fn select(
     backend: BackendChoice,
     device: DeviceChoice,
+    cpu_fallback: Option<bool>,
     gpu: impl FnOnce() -> Result<String, String>,
     not_q8_0: impl FnOnce() -> Option<String>,
 ) -> Result<Selection, SelectError> {
+    // A usage error whatever the machine has: no need to open a GPU to say so.
+    if (backend, device) == (BackendChoice::Llama, DeviceChoice::Cuda) {
+        return Err(SelectError::LlamaCpuOnly);
+    }
     let found = match device {
         DeviceChoice::Cpu => None,
         DeviceChoice::Auto | DeviceChoice::Cuda => Some(gpu()),
     };
-    let cuda = |why: String| Selection {
+    // This build's llama.cpp is CPU-only: `auto` with it never wants the GPU.
+    let wants_gpu = match device {
+        DeviceChoice::Cpu => false,
+        DeviceChoice::Cuda => true,
+        DeviceChoice::Auto => backend != BackendChoice::Llama,
+    };
+    let gpu_error = match &found {
+        Some(Err(why)) if wants_gpu => Some(why.clone()),
+        _ => None,
+    };
+    let fallback = cpu_fallback.unwrap_or(device == DeviceChoice::Auto);
+    if let (Some(why), false) = (&gpu_error, fallback) {
+        return Err(SelectError::NoGpu {
+            device: device_name(device),
+            why: why.clone(),
+        });
+    }
+    // Auto on a machine without a GPU is no fallback, unless the settings asked for one.
+    let flagged = gpu_error.filter(|_| cpu_fallback == Some(true));
+    // The reason says why the GPU failed once, in front (an empty error: "no CUDA GPU").
+    let found = match (&flagged, found) {
+        (Some(_), _) => Some(Err(String::new())),
+        (None, found) => found,
+    };
+    let mut selection = resolve(backend, device, found, not_q8_0)?;
+    if let Some(why) = flagged {
+        selection.why = format!(
+            "--device {}: the CUDA GPU cannot be opened ({why}); cpu_fallback = true: {}",
+            device_name(device),
+            selection.why
+        );
+        selection.gpu_error = Some(why);
+    }
+    Ok(selection)
+}
+
+/// [`select`] once a wanted GPU is known to be there, or allowed to be missing.
+fn resolve(
+    backend: BackendChoice,
+    device: DeviceChoice,
+    found: Option<Result<String, String>>,
+    not_q8_0: impl FnOnce() -> Option<String>,
+) -> Result<Selection, SelectError> {
+    let cuda = |name: &str, why: String| Selection {
         backend: BackendKind::Native,
         device: Device::Cuda,
+        gpu: Some(name.to_string()),
         why,
+        gpu_error: None,
     };
-    if device == DeviceChoice::Cuda {
-        return match (&found, backend) {
-            (Some(Err(why)), _) => Err(SelectError::NoGpu(why.clone())),
-            (_, BackendChoice::Llama) => Err(SelectError::LlamaCpuOnly),
-            (Some(Ok(name)), _) => match not_q8_0() {
-                None => Ok(cuda(format!("--device cuda: the native backend on {name}"))),
-                Some(t) => Err(SelectError::NativeNeedsQ8(t)),
-            },
-            (None, _) => Err(SelectError::NoGpu("not probed".into())),
+    // `--device cuda` with a GPU: the native backend or nothing (llama.cpp was refused in
+    // `select`). Without one (the fallback allowed it), resolved below as on a CPU box.
+    if let (DeviceChoice::Cuda, Some(Ok(name))) = (device, &found) {
+        return match not_q8_0() {
+            None => Ok(cuda(
+                name,
+                format!("--device cuda: the native backend on {name}"),
+            )),
+            Some(t) => Err(SelectError::NativeNeedsQ8(t)),
         };
     }
     let pick = |backend, why: String| Selection {
         backend,
         device: Device::Cpu,
+        gpu: None,
         why,
+        gpu_error: None,
     };
     let gpu_note = match &found {
         Some(Ok(name)) => format!("CUDA GPU {name} found"),
+        Some(Err(why)) if why.is_empty() => "no CUDA GPU".to_string(),
         Some(Err(why)) => format!("no CUDA GPU ({why})"),
         None => "--device cpu".to_string(),
     };
@@ -182,8 +281,8 @@ pub fn select(
         BackendChoice::Native => match &found {
             // With --device auto the GPU is used when the weights allow it; otherwise the
             // load refuses the weights by name, as on the CPU.
-            Some(Ok(_)) if not_q8_0().is_none() => {
-                cuda(format!("--backend native and {gpu_note}: on CUDA"))
+            Some(Ok(name)) if not_q8_0().is_none() => {
+                cuda(name, format!("--backend native and {gpu_note}: on CUDA"))
             }
             _ => pick(
                 BackendKind::Native,
@@ -191,10 +290,11 @@ pub fn select(
             ),
         },
         BackendChoice::Auto => match &found {
-            Some(Ok(_)) => match not_q8_0() {
-                None => cuda(format!(
-                    "weights are Q8_0 and {gpu_note}: the native backend on CUDA"
-                )),
+            Some(Ok(name)) => match not_q8_0() {
+                None => cuda(
+                    name,
+                    format!("weights are Q8_0 and {gpu_note}: the native backend on CUDA"),
+                ),
                 Some(t) => pick(
                     BackendKind::LlamaCpp,
                     format!("{gpu_note}, but {t}: the native backend needs Q8_0 weights"),
@@ -208,13 +308,19 @@ pub fn select(
     })
 }
 
-/// The first CUDA GPU's name, or why there is none.
+/// The first CUDA GPU's name (a context is created on it, so it can be opened), or why not.
 pub fn probe_gpu() -> Result<String, String> {
-    if !inferloop_kernels::cuda::driver_present() {
-        return Err("libcuda cannot be loaded".into());
-    }
-    // Only the device's presence: the kernels are compiled once, when the model loads.
-    inferloop_kernels::cuda::probe(0).map_err(|e| e.to_string())
+    // Only the device: the kernels are loaded once, when the model loads.
+    inferloop_kernels::cuda::probe(0).map_err(|e| match e {
+        // Where the loader looked is what a box's operator needs to fix this one.
+        inferloop_kernels::cuda::GpuError::NoDriver => format!(
+            "{e}; LD_LIBRARY_PATH is {}",
+            std::env::var("LD_LIBRARY_PATH")
+                .map(|p| format!("{p:?}"))
+                .unwrap_or_else(|_| "unset".into())
+        ),
+        e => e.to_string(),
+    })
 }
 
 /// The first weight matrix of the GGUF at `path` that is not Q8_0 (`name is TYPE`), or the
@@ -238,85 +344,5 @@ pub fn first_non_q8_0(path: &Path) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn gpu() -> Result<String, String> {
-        Ok("Orin".into())
-    }
-
-    fn none() -> Result<String, String> {
-        Err("libcuda cannot be loaded".into())
-    }
-
-    fn q8() -> Option<String> {
-        None
-    }
-
-    fn q4() -> Option<String> {
-        Some("tensor `blk.0.attn_q.weight` is q4_1".into())
-    }
-
-    #[test]
-    fn native_runs_on_the_cpu_when_asked_or_without_a_gpu() {
-        for device in [DeviceChoice::Cpu, DeviceChoice::Auto] {
-            let s = select(BackendChoice::Native, device, none, q8).unwrap();
-            assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cpu));
-        }
-    }
-
-    #[test]
-    fn native_runs_on_cuda_when_asked_or_found_with_q8_0_weights() {
-        let s = select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q8).unwrap();
-        assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cuda));
-        assert!(s.why.contains("Orin"), "{}", s.why);
-        for backend in [BackendChoice::Auto, BackendChoice::Native] {
-            let s = select(backend, DeviceChoice::Auto, gpu, q8).unwrap();
-            assert_eq!((s.backend, s.device), (BackendKind::Native, Device::Cuda));
-        }
-        assert!(matches!(
-            select(BackendChoice::Native, DeviceChoice::Cuda, none, q8),
-            Err(SelectError::NoGpu(_))
-        ));
-        assert!(matches!(
-            select(BackendChoice::Native, DeviceChoice::Cuda, gpu, q4),
-            Err(SelectError::NativeNeedsQ8(t)) if t.contains("attn_q")
-        ));
-        assert_eq!(
-            select(BackendChoice::Llama, DeviceChoice::Cuda, gpu, q8),
-            Err(SelectError::LlamaCpuOnly)
-        );
-    }
-
-    #[test]
-    fn auto_is_llama_cpp_on_the_cpu_and_says_why() {
-        let s = select(BackendChoice::Auto, DeviceChoice::Auto, none, q8).unwrap();
-        assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
-        assert!(s.why.contains("no CUDA GPU"), "{}", s.why);
-        let s = select(BackendChoice::Auto, DeviceChoice::Auto, gpu, q4).unwrap();
-        assert_eq!((s.backend, s.device), (BackendKind::LlamaCpp, Device::Cpu));
-        assert!(s.why.contains("blk.0.attn_q.weight"), "{}", s.why);
-        let s = select(
-            BackendChoice::Auto,
-            DeviceChoice::Cpu,
-            || panic!("no probe"),
-            q4,
-        )
-        .unwrap();
-        assert_eq!(s.backend, BackendKind::LlamaCpp);
-    }
-
-    #[test]
-    fn the_backend_is_exported_as_an_info_gauge() {
-        let s = Selection {
-            backend: BackendKind::Native,
-            device: Device::Cpu,
-            why: String::new(),
-        };
-        let text = crate::metrics::text::render(move |w| s.render_metrics(w));
-        assert!(
-            text.contains("inferloop_backend_info{backend=\"native\",device=\"cpu\"} 1\n"),
-            "{text}"
-        );
-    }
-}
+#[path = "select_tests.rs"]
+mod tests;
