@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdevice_attribute;
 use crate::kernels::SOURCES;
 use crate::nvrtc::CompileError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
@@ -76,6 +77,10 @@ pub struct Gpu {
     pub driver_version: i32,
     /// Where each kernel module came from (cubin, PTX, NVRTC).
     pub kernels: KernelsFrom,
+    /// Streaming multiprocessors (8 on an Orin NX, 132 on an H200): grids are sized from it.
+    pub sm_count: usize,
+    /// L2 cache bytes: benchmarks that mean to read DRAM cycle through more than this.
+    pub l2_bytes: usize,
     modules: HashMap<&'static str, Arc<CudaModule>>,
 }
 
@@ -90,6 +95,10 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
         let capability = ctx.compute_capability()?;
         let name = ctx.name()?;
+        let attr =
+            |a| -> Result<usize, GpuError> { Ok(usize::try_from(ctx.attribute(a)?).unwrap_or(0)) };
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1);
+        let l2_bytes = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
         let target = load::Target {
             capability,
             driver: driver_version()?,
@@ -130,6 +139,8 @@ impl Gpu {
             name,
             driver_version: target.driver,
             kernels,
+            sm_count,
+            l2_bytes,
             modules,
         })
     }
