@@ -10,6 +10,7 @@ pub mod simd;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod fused;
 pub mod rmsnorm;
 pub mod rope;
 pub mod softmax;

@@ -14,6 +14,8 @@ use crate::nvrtc::{self, CompileError};
 
 pub use cudarc;
 
+pub mod counters;
+pub mod fused;
 pub mod ops;
 pub mod q8;
 
