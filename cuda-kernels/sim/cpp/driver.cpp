@@ -126,8 +126,17 @@ bool initialised = false;
 SimCtx primary{0};
 thread_local CUcontext current = nullptr;
 thread_local sim_where where{nullptr, {0, 0, 0}, {0, 0, 0}};
-std::atomic<unsigned long long> n_launches{0}, n_graph_launches{0}, n_graph_kernels{0},
-    n_htod{0}, n_dtoh{0}, n_dtod{0};
+// The counts of the whole process, and of each calling OS thread (tests that run side by side
+// in one process each read their own).
+sim_counters totals{};
+std::mutex totals_mu;
+thread_local sim_counters mine{};
+
+void count(unsigned long long sim_counters::*field, unsigned long long n) {
+    mine.*field += n;
+    std::lock_guard<std::mutex> g(totals_mu);
+    totals.*field += n;
+}
 
 void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void say(const char* fmt, ...) {
@@ -209,7 +218,9 @@ CUresult copy(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_dev, size_t n
         return CUDA_ERROR_INVALID_VALUE;
     }
     memmove((void*)dst, (const void*)src, n);
-    (dst_dev ? (src_dev ? n_dtod : n_htod) : n_dtoh) += n;
+    count(dst_dev ? (src_dev ? &sim_counters::dtod_bytes : &sim_counters::htod_bytes)
+                  : &sim_counters::dtoh_bytes,
+          n);
     return CUDA_SUCCESS;
 }
 
@@ -409,12 +420,12 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long lo
 CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     if (!e) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = refuse_in_capture(s, "cuGraphLaunch")) return r;
-    ++n_graph_launches;
+    count(&sim_counters::graph_launches, 1);
     std::vector<void*> params;
     for (SimNode& n : e->nodes) {
         params.clear();
         for (auto& a : n.args) params.push_back(a.data());
-        ++n_graph_kernels;
+        count(&sim_counters::graph_kernels, 1);
         if (CUresult r = run_kernel(n.f, n.grid, n.block, n.shared, params.data())) return r;
     }
     return CUDA_SUCCESS;
@@ -435,13 +446,11 @@ CUresult cuGraphDestroy(CUgraph g) {
 }
 
 void inferloop_sim_counters(sim_counters* c) {
-    c->kernel_launches = n_launches;
-    c->graph_launches = n_graph_launches;
-    c->graph_kernels = n_graph_kernels;
-    c->htod_bytes = n_htod;
-    c->dtoh_bytes = n_dtoh;
-    c->dtod_bytes = n_dtod;
+    std::lock_guard<std::mutex> g(totals_mu);
+    *c = totals;
 }
+
+void inferloop_sim_thread_counters(sim_counters* c) { *c = mine; }
 
 CUresult cuEventCreate(CUevent* e, unsigned flags) {
     (void)flags;
@@ -640,7 +649,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         s->capture->nodes.push_back(std::move(n));
         return CUDA_SUCCESS;
     }
-    ++n_launches;
+    count(&sim_counters::kernel_launches, 1);
     return run_kernel(f, grid, block, shared, params);
 }
 

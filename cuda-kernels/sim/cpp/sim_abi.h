@@ -37,7 +37,8 @@ typedef int (*sim_entry_fn)(const struct sim_launch* l, void** params, char* err
 typedef size_t (*sim_args_fn)(size_t* sizes, size_t max);
 
 // What the driver has done since it was loaded, read with the driver's exported
-// inferloop_sim_counters (a real libcuda has no such symbol). Kernels replayed by a graph
+// inferloop_sim_counters, or by the calling OS thread with inferloop_sim_thread_counters (a
+// real libcuda has neither symbol). Kernels replayed by a graph
 // launch count as graph_kernels, not as kernel_launches; copies count their bytes.
 struct sim_counters {
     unsigned long long kernel_launches;

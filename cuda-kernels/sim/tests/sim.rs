@@ -541,7 +541,7 @@ mod cases {
         let mut dx = st.clone_htod(&x0)?;
         let mut dy = st.alloc_zeros::<i32>(256)?;
         let mut dz = st.alloc_zeros::<i32>(256)?;
-        let c0 = counters::read().ok_or("no counters on the emulator")?;
+        let c0 = counters::read_thread().ok_or("no counters on the emulator")?;
         st.begin_capture(mode)?;
         // SAFETY: one block of 256 over buffers of 256, twice: y = reverse(x), z = reverse(y).
         unsafe {
@@ -557,15 +557,15 @@ mod cases {
         let g = st
             .end_capture(CUgraphInstantiate_flags(0))?
             .ok_or("no graph")?;
-        let c1 = counters::read().ok_or("no counters")?;
+        let c1 = counters::read_thread().ok_or("no counters")?;
         assert_eq!(c1.since(&c0).kernel_launches, 0, "captured launches ran");
         assert_eq!(st.clone_dtoh(&dz)?, vec![0; 256], "nothing ran yet");
         for round in 0..3 {
             let x: Vec<i32> = (0..256).map(|i| i * 3 + round).collect();
             st.memcpy_htod(&x, &mut dx)?;
-            let before = counters::read().ok_or("no counters")?;
+            let before = counters::read_thread().ok_or("no counters")?;
             g.launch()?;
-            let c = counters::read().ok_or("no counters")?.since(&before);
+            let c = counters::read_thread().ok_or("no counters")?.since(&before);
             assert_eq!(
                 (c.kernel_launches, c.graph_launches, c.graph_kernels),
                 (0, 1, 2)
@@ -579,7 +579,7 @@ mod cases {
             );
             assert_eq!(z, x, "round {round}");
         }
-        let c = counters::read().ok_or("no counters")?.since(&c1);
+        let c = counters::read_thread().ok_or("no counters")?.since(&c1);
         assert_eq!(c.htod_bytes, 3 * 256 * 4);
         assert_eq!(c.dtoh_bytes, 6 * 256 * 4);
         st.begin_capture(mode)?;

@@ -32,21 +32,28 @@ impl Counters {
     }
 }
 
-/// The exported symbol of the emulator's driver.
-const SYMBOL: &[u8] = b"inferloop_sim_counters\0";
-
-/// The counts of the loaded `libcuda.so.1` when it is the emulator's; `None` on a real
-/// driver or with none loaded (call it after a GPU was opened).
+/// The counts of the whole process on the loaded `libcuda.so.1` when it is the emulator's;
+/// `None` on a real driver or with none loaded (call it after a GPU was opened).
 pub fn read() -> Option<Counters> {
+    read_symbol(b"inferloop_sim_counters\0")
+}
+
+/// [`read`] for what the calling thread did alone (tests running side by side in one
+/// process each see their own launches).
+pub fn read_thread() -> Option<Counters> {
+    read_symbol(b"inferloop_sim_thread_counters\0")
+}
+
+fn read_symbol(symbol: &[u8]) -> Option<Counters> {
     if !super::driver_present() {
         return None;
     }
     // SAFETY: libcuda.so.1 is already loaded by cudarc (opening it again only takes a
     // reference); the symbol, where present, is the emulator's
-    // `void inferloop_sim_counters(sim_counters*)`, which writes the struct mirrored above.
+    // `void f(sim_counters*)`, which writes the struct mirrored above.
     unsafe {
         let lib = libloading::Library::new("libcuda.so.1").ok()?;
-        let f: libloading::Symbol<unsafe extern "C" fn(*mut Counters)> = lib.get(SYMBOL).ok()?;
+        let f: libloading::Symbol<unsafe extern "C" fn(*mut Counters)> = lib.get(symbol).ok()?;
         let mut c = Counters::default();
         f(&mut c);
         Some(c)
