@@ -7,6 +7,7 @@
 //! the driver refuses turns them off for the pass, with a warning, and the pass goes on with
 //! its launches made one by one: the same kernels with the same arguments, so the same bits.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -66,21 +67,17 @@ impl Graphs {
         if !self.on {
             return launch();
         }
-        if !self.by_shape.contains_key(&sh) {
-            match capture(st, &mut launch)? {
-                Some(g) => {
-                    self.by_shape.insert(sh, OwnedGraph(g));
-                }
+        let graph = match self.by_shape.entry(sh) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => match capture(st, &mut launch)? {
+                Some(g) => v.insert(OwnedGraph(g)),
                 None => {
                     self.set(false);
                     return launch();
                 }
-            }
-        }
-        match self.by_shape.get(&sh) {
-            Some(g) => g.0.launch().map_err(op(None, "graph launch")),
-            None => launch(),
-        }
+            },
+        };
+        graph.0.launch().map_err(op(None, "graph launch"))
     }
 }
 
