@@ -52,6 +52,7 @@ pub const SOURCES: &[Source] = sources![
     "embed",
     "softmax",
     "attention",
+    "fused",
 ];
 
 /// The source named `name`.

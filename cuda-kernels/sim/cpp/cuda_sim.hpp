@@ -539,6 +539,15 @@ inline void invoke(void (*k)(A...), void** params) {
     invoke_with(k, params, std::index_sequence_for<A...>{});
 }
 
+// The kernel's parameter count; the first `max` of their sizes go into `sizes`.
+template <class... A>
+inline size_t arg_sizes(void (*)(A...), size_t* sizes, size_t max) {
+    const size_t all[] = {sizeof(std::remove_cv_t<std::remove_reference_t<A>>)..., 0};
+    const size_t n = sizeof...(A);
+    for (size_t i = 0; i < n && i < max; ++i) sizes[i] = all[i];
+    return n;
+}
+
 }  // namespace sim
 
 // One exported entry per kernel: what libcuda_sim's cuModuleGetFunction looks up.
@@ -547,6 +556,9 @@ inline void invoke(void (*k)(A...), void** params) {
                                  size_t err_len) {                                         \
         const std::function<void()> body = [params] { sim::invoke(k, params); };          \
         return sim::launch(#k, body, *l, err, err_len);                                    \
+    }                                                                                      \
+    extern "C" size_t sim_args_##k(size_t* sizes, size_t max) {                            \
+        return sim::arg_sizes(k, sizes, max);                                              \
     }
 
 // ---------- CUDA device functions the kernels use ----------

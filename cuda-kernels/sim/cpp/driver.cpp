@@ -16,11 +16,17 @@
 // with cuMemFreeAsync into the device's default pool, which hands the same addresses out
 // again (a freed block is inaccessible until then, so a use after free faults) and gives
 // memory back at synchronisation above its release threshold, as a real pool does.
+//
+// Stream capture records a stream's launches instead of running them (their arguments
+// copied by value, as a real graph keeps them); a graph launch replays them in order and
+// counts as one launch. The driver counts kernel launches, graph launches and bytes copied
+// (inferloop_sim_counters), so the host side's launches per step can be measured here.
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
@@ -30,6 +36,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "sim_abi.h"
 #include "sim_profile.hpp"
@@ -50,13 +57,21 @@ enum : CUresult {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
 };
+
+struct SimFunction;
+struct SimGraph;
 
 struct SimCtx {
     int device;
 };
 struct SimStream {
-    int unused;
+    // The graph being captured, or null; set when an uncapturable call met the capture.
+    SimGraph* capture;
+    bool invalidated;
 };
 struct SimEvent {
     std::chrono::steady_clock::time_point at;
@@ -68,7 +83,20 @@ struct SimModule {
 };
 struct SimFunction {
     sim_entry_fn entry;
+    sim_args_fn args;
     std::string name;
+};
+// One captured launch: its arguments' bytes, one buffer each.
+struct SimNode {
+    SimFunction* f;
+    unsigned grid[3], block[3], shared;
+    std::vector<std::vector<char>> args;
+};
+struct SimGraph {
+    std::vector<SimNode> nodes;
+};
+struct SimGraphExec {
+    std::vector<SimNode> nodes;
 };
 
 typedef SimCtx* CUcontext;
@@ -76,6 +104,8 @@ typedef SimStream* CUstream;
 typedef SimEvent* CUevent;
 typedef SimModule* CUmodule;
 typedef SimFunction* CUfunction;
+typedef SimGraph* CUgraph;
+typedef SimGraphExec* CUgraphExec;
 
 namespace {
 
@@ -118,6 +148,17 @@ bool initialised = false;
 SimCtx primary{0};
 thread_local CUcontext current = nullptr;
 thread_local sim_where where{nullptr, {0, 0, 0}, {0, 0, 0}};
+// The counts of the whole process, and of each calling OS thread (tests that run side by side
+// in one process each read their own).
+sim_counters totals{};
+std::mutex totals_mu;
+thread_local sim_counters mine{};
+
+void count(unsigned long long sim_counters::*field, unsigned long long n) {
+    mine.*field += n;
+    std::lock_guard<std::mutex> g(totals_mu);
+    totals.*field += n;
+}
 
 void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void say(const char* fmt, ...) {
@@ -242,6 +283,41 @@ CUresult copy(uintptr_t dst, bool dst_dev, uintptr_t src, bool src_dev, size_t n
         return CUDA_ERROR_INVALID_VALUE;
     }
     memmove((void*)dst, (const void*)src, n);
+    count(dst_dev ? (src_dev ? &sim_counters::dtod_bytes : &sim_counters::htod_bytes)
+                  : &sim_counters::dtoh_bytes,
+          n);
+    return CUDA_SUCCESS;
+}
+
+// A stream that is capturing cannot take a call that is not recorded (a copy, a memset, a
+// synchronisation): as on a GPU, the call fails and the capture is invalidated.
+CUresult refuse_in_capture(CUstream s, const char* what) {
+    if (!s || !s->capture) return CUDA_SUCCESS;
+    say("%s on a capturing stream is not emulated: the capture is invalidated", what);
+    s->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// Runs one launch now, then checks every allocation's canaries.
+CUresult run_kernel(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                    unsigned shared, void** params) {
+    sim_launch l{{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, shared, where_here};
+    char err[1024] = {0};
+    const int rc = f->entry(&l, params, err, sizeof err);
+    if (rc != 0) {
+        say("launch failed: %s", err);
+        return CUDA_ERROR_LAUNCH_FAILED;
+    }
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& [start, a] : allocs) {
+        if (!canaries_intact(a, start)) {
+            say("kernel %s (grid %ux%ux%u, block %ux%ux%u) wrote outside allocation #%lu "
+                "(%zu bytes at 0x%lx)",
+                f->name.c_str(), grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                (unsigned long)a.serial, a.size, (unsigned long)start);
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
@@ -371,7 +447,7 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 
 CUresult cuStreamCreate(CUstream* s, unsigned flags) {
     (void)flags;
-    *s = new SimStream{0};
+    *s = new SimStream{nullptr, false};
     return CUDA_SUCCESS;
 }
 
@@ -381,20 +457,92 @@ CUresult cuStreamCreateWithPriority(CUstream* s, unsigned flags, int priority) {
 }
 
 CUresult cuStreamDestroy_v2(CUstream s) {
+    if (s) delete s->capture;
     delete s;
     return CUDA_SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream) {
-    pool_sync();
-    return CUDA_SUCCESS;
+CUresult cuStreamSynchronize(CUstream s) {
+    CUresult r = refuse_in_capture(s, "cuStreamSynchronize");
+    if (r == CUDA_SUCCESS) pool_sync();
+    return r;
 }
-CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned) { return CUDA_SUCCESS; }
+CUresult cuStreamWaitEvent(CUstream s, CUevent, unsigned) {
+    return refuse_in_capture(s, "cuStreamWaitEvent");
+}
 
-CUresult cuStreamIsCapturing(CUstream, int* status) {
-    *status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+CUresult cuStreamIsCapturing(CUstream s, int* status) {
+    // CU_STREAM_CAPTURE_STATUS_NONE, _ACTIVE, _INVALIDATED
+    *status = !s || !s->capture ? 0 : s->invalidated ? 2 : 1;
     return CUDA_SUCCESS;
 }
+
+// Capture of the legacy NULL stream is refused, as CUDA refuses it: a pass that captures
+// must run on a stream of its own.
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->capture) return CUDA_ERROR_ILLEGAL_STATE;
+    s->capture = new SimGraph{};
+    s->invalidated = false;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph* g) {
+    if (!s || !s->capture) return CUDA_ERROR_ILLEGAL_STATE;
+    SimGraph* graph = s->capture;
+    s->capture = nullptr;
+    if (s->invalidated) {
+        delete graph;
+        *g = nullptr;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *g = graph;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    *e = new SimGraphExec{g->nodes};
+    return CUDA_SUCCESS;
+}
+
+// Replays the captured launches in order, each with the arguments it was captured with.
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = refuse_in_capture(s, "cuGraphLaunch")) return r;
+    count(&sim_counters::graph_launches, 1);
+    std::vector<void*> params;
+    for (SimNode& n : e->nodes) {
+        params.clear();
+        for (auto& a : n.args) params.push_back(a.data());
+        count(&sim_counters::graph_kernels, 1);
+        if (CUresult r = run_kernel(n.f, n.grid, n.block, n.shared, params.data())) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphUpload(CUgraphExec e, CUstream) {
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec e) {
+    delete e;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph g) {
+    delete g;
+    return CUDA_SUCCESS;
+}
+
+void inferloop_sim_counters(sim_counters* c) {
+    std::lock_guard<std::mutex> g(totals_mu);
+    *c = totals;
+}
+
+void inferloop_sim_thread_counters(sim_counters* c) { *c = mine; }
 
 CUresult cuEventCreate(CUevent* e, unsigned flags) {
     (void)flags;
@@ -402,7 +550,8 @@ CUresult cuEventCreate(CUevent* e, unsigned flags) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuEventRecord(CUevent e, CUstream) {
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (CUresult r = refuse_in_capture(s, "cuEventRecord")) return r;
     e->at = std::chrono::steady_clock::now();
     e->recorded = true;
     return CUDA_SUCCESS;
@@ -581,13 +730,16 @@ CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     return copy((uintptr_t)dst, true, (uintptr_t)src, true, n, "cuMemcpyDtoD");
 }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+    if (CUresult r = refuse_in_capture(s, "cuMemcpyHtoDAsync")) return r;
     return cuMemcpyHtoD_v2(dst, src, n);
 }
-CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream) {
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+    if (CUresult r = refuse_in_capture(s, "cuMemcpyDtoHAsync")) return r;
     return cuMemcpyDtoH_v2(dst, src, n);
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    if (CUresult r = refuse_in_capture(s, "cuMemcpyDtoDAsync")) return r;
     return cuMemcpyDtoD_v2(dst, src, n);
 }
 
@@ -601,7 +753,8 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
     memset((void*)(uintptr_t)dst, v, n);
     return CUDA_SUCCESS;
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream) {
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+    if (CUresult r = refuse_in_capture(s, "cuMemsetD8Async")) return r;
     return cuMemsetD8_v2(dst, v, n);
 }
 
@@ -636,8 +789,9 @@ CUresult cuModuleUnload(CUmodule m) {
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
     const std::string sym = std::string("sim_entry_") + name;
     void* e = dlsym(m->handle, sym.c_str());
-    if (!e) return CUDA_ERROR_NOT_FOUND;
-    *f = new SimFunction{(sim_entry_fn)e, name};
+    void* a = dlsym(m->handle, (std::string("sim_args_") + name).c_str());
+    if (!e || !a) return CUDA_ERROR_NOT_FOUND;
+    *f = new SimFunction{(sim_entry_fn)e, (sim_args_fn)a, name};
     return CUDA_SUCCESS;
 }
 
@@ -649,30 +803,31 @@ CUresult cuFuncGetAttribute(int* v, int attrib, CUfunction) {
 CUresult cuFuncSetAttribute(CUfunction, int, int) { return CUDA_SUCCESS; }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                        unsigned by, unsigned bz, unsigned shared, CUstream, void** params,
+                        unsigned by, unsigned bz, unsigned shared, CUstream s, void** params,
                         void** extra) {
     if (extra) {
         say("cuLaunchKernel(%s): the `extra` argument form is not emulated", f->name.c_str());
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    sim_launch l{{gx, gy, gz}, {bx, by, bz}, shared, where_here};
-    char err[1024] = {0};
-    const int rc = f->entry(&l, params, err, sizeof err);
-    if (rc != 0) {
-        say("launch failed: %s", err);
-        return CUDA_ERROR_LAUNCH_FAILED;
-    }
-    std::lock_guard<std::mutex> g(mu);
-    for (const auto& [start, a] : allocs) {
-        if (!canaries_intact(a, start)) {
-            say("kernel %s (grid %ux%ux%u, block %ux%ux%u) wrote outside allocation #%lu "
-                "(%zu bytes at 0x%lx)",
-                f->name.c_str(), gx, gy, gz, bx, by, bz, (unsigned long)a.serial, a.size,
-                (unsigned long)start);
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    if (s && s->capture) {
+        // Recorded, not run: the arguments' bytes as they are now.
+        SimNode n{f, {gx, gy, gz}, {bx, by, bz}, shared, {}};
+        size_t sizes[64];
+        const size_t count = f->args(sizes, 64);
+        if (count > 64) {
+            say("cuLaunchKernel(%s): %zu parameters, more than capture keeps", f->name.c_str(),
+                count);
+            s->invalidated = true;
+            return CUDA_ERROR_NOT_SUPPORTED;
         }
+        for (size_t i = 0; i < count; ++i)
+            n.args.emplace_back((const char*)params[i], (const char*)params[i] + sizes[i]);
+        s->capture->nodes.push_back(std::move(n));
+        return CUDA_SUCCESS;
     }
-    return CUDA_SUCCESS;
+    count(&sim_counters::kernel_launches, 1);
+    return run_kernel(f, grid, block, shared, params);
 }
 
 CUresult cuGetErrorName(CUresult e, const char** s) {

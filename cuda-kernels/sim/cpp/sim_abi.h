@@ -32,6 +32,23 @@ struct sim_launch {
 typedef int (*sim_entry_fn)(const struct sim_launch* l, void** params, char* err,
                             size_t err_len);
 
+// Exported beside it as sim_args_<kernel>: the kernel's parameter count, and the size of each
+// (up to max) in sizes, so that stream capture can copy a launch's arguments by value.
+typedef size_t (*sim_args_fn)(size_t* sizes, size_t max);
+
+// What the driver has done since it was loaded, read with the driver's exported
+// inferloop_sim_counters, or by the calling OS thread with inferloop_sim_thread_counters (a
+// real libcuda has neither symbol). Kernels replayed by a graph
+// launch count as graph_kernels, not as kernel_launches; copies count their bytes.
+struct sim_counters {
+    unsigned long long kernel_launches;
+    unsigned long long graph_launches;
+    unsigned long long graph_kernels;
+    unsigned long long htod_bytes;
+    unsigned long long dtoh_bytes;
+    unsigned long long dtod_bytes;
+};
+
 #ifdef __cplusplus
 }
 #endif

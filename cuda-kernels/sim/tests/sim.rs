@@ -154,6 +154,13 @@ fn a_misaligned_load_and_a_shared_array_overrun_stop_naming_the_line_and_thread(
     );
 }
 
+#[test]
+fn stream_capture_records_launches_and_a_graph_launch_replays_them_counted_as_one() {
+    for order in ["forward", "reverse"] {
+        assert_passes("graph", order);
+    }
+}
+
 /// The child's side: one case on the emulator (what `run` starts).
 #[test]
 #[ignore = "run by the other tests, in a process whose libcuda is the emulator"]
@@ -222,6 +229,7 @@ mod cases {
             "read_oob" => read_oob(&d),
             "misaligned" => misaligned(&d),
             "shared_overflow" => shared_overflow(&d),
+            "graph" => graph(&d),
             other => Err(format!("no case {other}").into()),
         }
     }
@@ -507,6 +515,81 @@ mod cases {
                 .arg(&mut y)
                 .launch(cfg((1, 1, 1), (64, 1, 1)))?
         };
+        Ok(())
+    }
+
+    /// Capture on a stream of its own: launches are recorded (not run, not counted), the
+    /// graph replays them in order with the arguments they were captured with, reading
+    /// device memory as it is at replay; one graph launch counts as one. Capture of the
+    /// legacy stream and a copy inside a capture are refused, as on a GPU.
+    fn graph(d: &Dev) -> R {
+        use inferloop_kernels::cuda::counters;
+        use inferloop_kernels::cuda::cudarc::driver::sys::{
+            CUgraphInstantiate_flags, CUstreamCaptureMode,
+        };
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        assert!(
+            d.stream.begin_capture(mode).is_err(),
+            "NULL stream captured"
+        );
+        // SAFETY: everything below runs on one stream, in order; without the events cudarc
+        // otherwise records around each launch (which a capture would refuse).
+        unsafe { d.stream.context().disable_event_tracking() };
+        let st = d.stream.context().new_stream()?;
+        let f = d.f("reverse_in_block")?;
+        let x0: Vec<i32> = (0..256).collect();
+        let mut dx = st.clone_htod(&x0)?;
+        let mut dy = st.alloc_zeros::<i32>(256)?;
+        let mut dz = st.alloc_zeros::<i32>(256)?;
+        let c0 = counters::read_thread().ok_or("no counters on the emulator")?;
+        st.begin_capture(mode)?;
+        // SAFETY: one block of 256 over buffers of 256, twice: y = reverse(x), z = reverse(y).
+        unsafe {
+            st.launch_builder(&f)
+                .arg(&dx)
+                .arg(&mut dy)
+                .launch(cfg((1, 1, 1), (256, 1, 1)))?;
+            st.launch_builder(&f)
+                .arg(&dy)
+                .arg(&mut dz)
+                .launch(cfg((1, 1, 1), (256, 1, 1)))?;
+        }
+        let g = st
+            .end_capture(CUgraphInstantiate_flags(0))?
+            .ok_or("no graph")?;
+        let c1 = counters::read_thread().ok_or("no counters")?;
+        assert_eq!(c1.since(&c0).kernel_launches, 0, "captured launches ran");
+        assert_eq!(st.clone_dtoh(&dz)?, vec![0; 256], "nothing ran yet");
+        for round in 0..3 {
+            let x: Vec<i32> = (0..256).map(|i| i * 3 + round).collect();
+            st.memcpy_htod(&x, &mut dx)?;
+            let before = counters::read_thread().ok_or("no counters")?;
+            g.launch()?;
+            let c = counters::read_thread().ok_or("no counters")?.since(&before);
+            assert_eq!(
+                (c.kernel_launches, c.graph_launches, c.graph_kernels),
+                (0, 1, 2)
+            );
+            let y = st.clone_dtoh(&dy)?;
+            let z = st.clone_dtoh(&dz)?;
+            assert_eq!(
+                y,
+                x.iter().rev().copied().collect::<Vec<_>>(),
+                "round {round}"
+            );
+            assert_eq!(z, x, "round {round}");
+        }
+        let c = counters::read_thread().ok_or("no counters")?.since(&c1);
+        assert_eq!(c.htod_bytes, 3 * 256 * 4);
+        // Two reads per round and the check that nothing ran before the first.
+        assert_eq!(c.dtoh_bytes, 7 * 256 * 4);
+        st.begin_capture(mode)?;
+        assert!(st.memcpy_htod(&x0, &mut dx).is_err(), "a copy was captured");
+        assert!(
+            st.end_capture(CUgraphInstantiate_flags(0)).is_err(),
+            "an invalidated capture made a graph"
+        );
+        drop(g);
         Ok(())
     }
 }

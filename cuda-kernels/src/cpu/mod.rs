@@ -11,6 +11,7 @@ pub mod simd;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod fused;
 pub mod rmsnorm;
 pub mod rope;
 pub mod softmax;

@@ -13,6 +13,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 pub use cudarc;
 pub use load::{KernelsFrom, ModuleSource, Origin, KERNELS_DIR_ENV, PTX_DIR_ENV};
 
+pub mod counters;
+pub mod fused;
 pub mod load;
 pub mod ops;
 pub mod q8;

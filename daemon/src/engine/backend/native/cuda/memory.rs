@@ -1,10 +1,11 @@
 //! The CUDA pass's GPU memory besides the KV cache: the weights, copied once (Q8_0 bytes
-//! as they lie in the file), and one micro-batch's scratch; and the naming of a GPU error.
+//! as they lie in the file, Q|K|V and gate|up each joined into one matrix), and one
+//! micro-batch's scratch; and the naming of a GPU error.
 
 use std::sync::Arc;
 
 use inferloop_kernels::cpu::attention::{AttnShape, CHUNK};
-use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
+use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use inferloop_kernels::q8::{Q8Matrix, QK};
 
 use super::super::batch::{op_on, UBATCH};
@@ -21,16 +22,16 @@ pub(super) struct DevQ8 {
 
 pub(super) struct DevLayer {
     pub(super) attn_norm: CudaSlice<f32>,
-    pub(super) wq: DevQ8,
-    pub(super) wk: DevQ8,
-    pub(super) wv: DevQ8,
-    pub(super) bq: Option<CudaSlice<f32>>,
-    pub(super) bk: Option<CudaSlice<f32>>,
-    pub(super) bv: Option<CudaSlice<f32>>,
+    /// `attn_q`, `attn_k` and `attn_v` as one matrix, their rows one after the other: each
+    /// row's dot product is the one it had alone, and one launch reads all three.
+    pub(super) wqkv: DevQ8,
+    /// Their biases joined likewise (`None` when none has one). A part without a bias is
+    /// filled with `-0.0`: `y + -0.0` is `y`, bit for bit, whatever `y` is.
+    pub(super) bqkv: Option<CudaSlice<f32>>,
     pub(super) wo: DevQ8,
     pub(super) ffn_norm: CudaSlice<f32>,
-    pub(super) ffn_gate: DevQ8,
-    pub(super) ffn_up: DevQ8,
+    /// `ffn_gate` and `ffn_up` as one matrix (gate rows first).
+    pub(super) ffn_gate_up: DevQ8,
     pub(super) ffn_down: DevQ8,
 }
 
@@ -42,27 +43,46 @@ pub(super) struct DevWeights {
     pub(super) output: Option<DevQ8>,
 }
 
-/// One pass's activations in GPU memory, [`UBATCH`] rows of each width.
+/// One pass's activations in GPU memory, [`UBATCH`] rows of each width, and its per-token
+/// inputs (uploaded before the pass's kernels, which read them there).
 pub(super) struct DevScratch {
+    /// The residual stream, `[n][n_embd]`.
     pub(super) x: CudaSlice<f32>,
-    pub(super) xn: CudaSlice<f32>,
-    pub(super) q: CudaSlice<f32>,
-    pub(super) k: CudaSlice<f32>,
-    pub(super) v: CudaSlice<f32>,
+    /// Fused q|k|v rows, `[n][q_dim + 2 kv_dim]`.
+    pub(super) qkv: CudaSlice<f32>,
     pub(super) attn: CudaSlice<f32>,
+    /// Fused gate|up rows, `[n][2 n_ff]`.
+    pub(super) gate_up: CudaSlice<f32>,
+    /// A projection before it is added to `x`, where a matmul cannot add it itself.
     pub(super) o: CudaSlice<f32>,
-    pub(super) gate: CudaSlice<f32>,
-    pub(super) up: CudaSlice<f32>,
     /// The quantized matmul input: quants and block scales, sized for the widest input.
     pub(super) qa_q: CudaSlice<i8>,
     pub(super) qa_d: CudaSlice<f32>,
-    pub(super) tokens: CudaSlice<i32>,
-    pub(super) pos: CudaSlice<i32>,
-    /// Per token, its KV cell (`seq * n_ctx + pos`) and its attention length (`pos + 1`).
-    pub(super) cells: CudaSlice<i32>,
-    pub(super) kv_len: CudaSlice<i32>,
+    /// The pass's inputs, uploaded in one copy: [`Input`] parts of [`UBATCH`] each.
+    pub(super) inputs: CudaSlice<i32>,
     pub(super) attn_ws: CudaSlice<f32>,
     pub(super) logits: CudaSlice<f32>,
+}
+
+/// The parts of [`DevScratch::inputs`], in order.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Input {
+    Tokens,
+    Pos,
+    /// Per token, its KV cell (`seq * n_ctx + pos`).
+    Cells,
+    /// The tokens whose logits are wanted, in order.
+    Rows,
+}
+
+impl Input {
+    pub(super) const COUNT: usize = 4;
+
+    /// The first `n` entries of this part.
+    pub(super) fn of(self, inputs: &CudaSlice<i32>, n: usize) -> CudaView<'_, i32> {
+        let at = self as usize * UBATCH;
+        inputs.slice(at..at + n)
+    }
 }
 
 /// Copies `weights` to GPU memory on `st`; returns them and the bytes they take.
@@ -76,47 +96,54 @@ pub(super) fn upload_weights(
         st.clone_htod(v).map_err(op(None, what))
     };
     let mut matrices = 0usize;
-    let mut up_q8 = |m: &Q8Matrix<'_>, what: &'static str| -> Result<DevQ8, NativeError> {
-        matrices += m.bytes.len();
+    let mut up_q8 = |parts: &[&Q8Matrix<'_>], what: &'static str| -> Result<DevQ8, NativeError> {
+        let k = parts[0].k;
+        if parts.iter().any(|m| m.k != k) {
+            return Err(NativeError::BadMetadata(format!(
+                "{what}: the matrices joined have rows of different lengths"
+            )));
+        }
+        let joined: Vec<u8> = parts.iter().flat_map(|m| m.bytes.iter().copied()).collect();
+        matrices += joined.len();
         Ok(DevQ8 {
-            bytes: st.clone_htod(m.bytes).map_err(op(None, what))?,
-            rows: m.rows,
-            k: m.k,
+            bytes: st.clone_htod(&joined).map_err(op(None, what))?,
+            rows: parts.iter().map(|m| m.rows).sum(),
+            k,
         })
     };
-    let token_embd = up_q8(&weights.token_embd, "upload token_embd")?;
+    let token_embd = up_q8(&[&weights.token_embd], "upload token_embd")?;
     let output = if weights.tied_output {
         None
     } else {
-        Some(up_q8(&weights.output, "upload output")?)
+        Some(up_q8(&[&weights.output], "upload output")?)
     };
     let mut layers = Vec::with_capacity(weights.layers.len());
     for ly in &weights.layers {
+        let biases = [
+            (&ly.bq, ly.wq.rows),
+            (&ly.bk, ly.wk.rows),
+            (&ly.bv, ly.wv.rows),
+        ];
+        let bqkv = if biases.iter().any(|(b, _)| b.is_some()) {
+            let joined: Vec<f32> = biases
+                .iter()
+                .flat_map(|(b, rows)| match b {
+                    Some(b) => b.clone(),
+                    None => vec![-0.0; *rows],
+                })
+                .collect();
+            Some(up_f32(&joined, "upload attn_qkv.bias")?)
+        } else {
+            None
+        };
         layers.push(DevLayer {
             attn_norm: up_f32(&ly.attn_norm, "upload attn_norm")?,
-            wq: up_q8(&ly.wq, "upload attn_q")?,
-            wk: up_q8(&ly.wk, "upload attn_k")?,
-            wv: up_q8(&ly.wv, "upload attn_v")?,
-            bq: ly
-                .bq
-                .as_deref()
-                .map(|b| up_f32(b, "upload attn_q.bias"))
-                .transpose()?,
-            bk: ly
-                .bk
-                .as_deref()
-                .map(|b| up_f32(b, "upload attn_k.bias"))
-                .transpose()?,
-            bv: ly
-                .bv
-                .as_deref()
-                .map(|b| up_f32(b, "upload attn_v.bias"))
-                .transpose()?,
-            wo: up_q8(&ly.wo, "upload attn_output")?,
+            wqkv: up_q8(&[&ly.wq, &ly.wk, &ly.wv], "upload attn_qkv")?,
+            bqkv,
+            wo: up_q8(&[&ly.wo], "upload attn_output")?,
             ffn_norm: up_f32(&ly.ffn_norm, "upload ffn_norm")?,
-            ffn_gate: up_q8(&ly.ffn_gate, "upload ffn_gate")?,
-            ffn_up: up_q8(&ly.ffn_up, "upload ffn_up")?,
-            ffn_down: up_q8(&ly.ffn_down, "upload ffn_down")?,
+            ffn_gate_up: up_q8(&[&ly.ffn_gate, &ly.ffn_up], "upload ffn_gate_up")?,
+            ffn_down: up_q8(&[&ly.ffn_down], "upload ffn_down")?,
         });
     }
     let output_norm = up_f32(&weights.output_norm, "upload output_norm")?;
@@ -137,33 +164,26 @@ pub(super) fn alloc_scratch(
     n_ctx: usize,
 ) -> Result<(DevScratch, usize), NativeError> {
     let widest = hp.n_ff.max(hp.n_embd).max(hp.q_dim());
-    let shape = attn_shape(hp, n_ctx);
-    let ws = shape.workspace_len(AttnShape::chunks(n_ctx, CHUNK).max(1) * CHUNK, CHUNK);
+    let qkv = hp.q_dim() + 2 * hp.kv_dim();
+    let ws = attn_shape(hp, n_ctx, UBATCH).workspace_len(n_ctx, CHUNK);
     let f32s = |n: usize| st.alloc_zeros::<f32>(n).map_err(op(None, "scratch"));
     let i32s = |n: usize| st.alloc_zeros::<i32>(n).map_err(op(None, "scratch"));
     let s = DevScratch {
         x: f32s(UBATCH * hp.n_embd)?,
-        xn: f32s(UBATCH * hp.n_embd)?,
-        q: f32s(UBATCH * hp.q_dim())?,
-        k: f32s(UBATCH * hp.kv_dim())?,
-        v: f32s(UBATCH * hp.kv_dim())?,
+        qkv: f32s(UBATCH * qkv)?,
         attn: f32s(UBATCH * hp.q_dim())?,
+        gate_up: f32s(UBATCH * 2 * hp.n_ff)?,
         o: f32s(UBATCH * hp.n_embd)?,
-        gate: f32s(UBATCH * hp.n_ff)?,
-        up: f32s(UBATCH * hp.n_ff)?,
         qa_q: st
             .alloc_zeros::<i8>(UBATCH * widest)
             .map_err(op(None, "scratch"))?,
         qa_d: f32s(UBATCH * widest / QK)?,
-        tokens: i32s(UBATCH)?,
-        pos: i32s(UBATCH)?,
-        cells: i32s(UBATCH)?,
-        kv_len: i32s(UBATCH)?,
+        inputs: i32s(Input::COUNT * UBATCH)?,
         attn_ws: f32s(ws)?,
         logits: f32s(UBATCH * hp.n_vocab)?,
     };
     let scratch = 4
-        * (UBATCH * (3 * hp.n_embd + 2 * hp.q_dim() + 2 * hp.kv_dim() + 2 * hp.n_ff + hp.n_vocab)
+        * (UBATCH * (2 * hp.n_embd + qkv + hp.q_dim() + 2 * hp.n_ff + hp.n_vocab)
             + UBATCH * widest / QK
             + 4 * UBATCH
             + ws)
@@ -179,10 +199,10 @@ pub(super) fn op<E: std::fmt::Display>(
     op_on("cuda ", layer, what)
 }
 
-/// The attention kernel's shape for one sequence of a cache of `n_ctx` positions.
-pub(super) fn attn_shape(hp: &HParams, n_ctx: usize) -> AttnShape {
+/// The attention kernel's shape for `n_seq` sequences of a cache of `n_ctx` positions.
+pub(super) fn attn_shape(hp: &HParams, n_ctx: usize, n_seq: usize) -> AttnShape {
     AttnShape {
-        n_seq: 1,
+        n_seq,
         n_head: hp.n_head,
         n_head_kv: hp.n_head_kv,
         head_dim: hp.head_dim,
