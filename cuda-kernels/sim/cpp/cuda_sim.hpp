@@ -557,6 +557,12 @@ inline void __syncthreads() {
     sim::yield_to_scheduler();
 }
 
+// A warp barrier (shared memory written by some lanes, then read by others): here a shuffle
+// that every lane of the warp must reach, which is what __syncwarp asks of the warp.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)sim::shuffle(sim::ShflKind::Idx, mask, 0, 0, 32);
+}
+
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     return sim::shuffle(sim::ShflKind::Xor, mask, v, lane_mask, width);
