@@ -243,6 +243,7 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
         case 8: *v = 48 * 1024; break;         // shared memory per block
         case 10: *v = 32; break;               // warp size
         case 16: *v = 1; break;                // multiprocessors
+        case 38: *v = 4 << 20; break;          // L2 cache bytes (an Orin NX's 4 MiB)
         case 75: *v = kMajor; break;           // compute capability major
         case 76: *v = kMinor; break;           // minor
         case 115: *v = 0; break;               // memory pools: no, cuMemAlloc instead

@@ -400,7 +400,7 @@ mod tests {
             }
         }
         let gemv = translate(inferloop_kernels::kernels::source("q8_gemv").unwrap()).unwrap();
-        assert_eq!(gemv.entries, ["q8_gemv_f32"]);
+        assert_eq!(gemv.entries, ["q8_gemv_f32", "q8_gemv_q8"]);
         let attn = translate(inferloop_kernels::kernels::source("attention").unwrap()).unwrap();
         assert_eq!(attn.entries, ["attn_partial_f16", "attn_combine_f32"]);
     }

@@ -3,6 +3,7 @@
 
 pub mod gemm;
 pub mod gemv;
+pub mod gemv_q8;
 mod pool;
 pub mod quantize;
 pub mod simd;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
@@ -49,6 +50,10 @@ pub struct Gpu {
     /// Compute capability, e.g. (8, 7) on Orin.
     pub capability: (i32, i32),
     pub name: String,
+    /// Streaming multiprocessors (8 on an Orin NX, 132 on an H200): grids are sized from it.
+    pub sm_count: usize,
+    /// L2 cache bytes: benchmarks that mean to read DRAM cycle through more than this.
+    pub l2_bytes: usize,
     modules: HashMap<&'static str, Arc<CudaModule>>,
 }
 
@@ -85,6 +90,10 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|source| GpuError::NoDevice { ordinal, source })?;
         let capability = ctx.compute_capability()?;
         let name = ctx.name()?;
+        let attr =
+            |a| -> Result<usize, GpuError> { Ok(usize::try_from(ctx.attribute(a)?).unwrap_or(0)) };
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1);
+        let l2_bytes = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
         let arch = nvrtc::arch_name(capability.0, capability.1);
         let mut modules = HashMap::new();
         for s in SOURCES {
@@ -97,6 +106,8 @@ impl Gpu {
             stream,
             capability,
             name,
+            sm_count,
+            l2_bytes,
             modules,
         })
     }

@@ -7,7 +7,8 @@
 //! with other `-D` values needs matching constants.
 
 use cudarc::driver::{
-    CudaSlice, DevicePtr, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::{Gpu, GpuError};
@@ -18,6 +19,11 @@ use crate::q8::{row_bytes, LayoutError, QK};
 pub const GEMV_MAX_COLS: usize = 8;
 /// Warps (rows) per GEMV thread block: `Q8_GEMV_ROWS_PER_BLOCK`.
 pub const GEMV_ROWS_PER_BLOCK: usize = 4;
+/// Warps per thread block of `q8_gemv_q8`: `Q8_GEMV_Q8_WARPS`.
+pub const GEMV_Q8_WARPS: usize = 4;
+/// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
+/// 8 x 4 warps, enough resident warps to keep loads in flight on every SM.
+pub const GEMV_Q8_BLOCKS_PER_SM: usize = 8;
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
 pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
 /// GEMM tile: `16 * Q8_GEMM_TR` rows by `16 * Q8_GEMM_TT` tokens, 16 x 16 threads.
@@ -32,6 +38,14 @@ pub enum Q8Error {
     Shape(#[from] ShapeError),
     #[error("{what} = {value} does not fit the kernel's launch limits")]
     TooLarge { what: &'static str, value: usize },
+    #[error("ncols = {0}: the kernel takes 1 to {GEMV_MAX_COLS} columns")]
+    Cols(usize),
+    #[error("{what} lies at device address {addr:#x}, not {align}-byte aligned")]
+    Misaligned {
+        what: &'static str,
+        addr: u64,
+        align: u64,
+    },
 }
 
 impl From<DriverError> for Q8Error {
@@ -161,6 +175,89 @@ pub fn gemv_into(
         unsafe { launch.launch(cfg) }?;
         c0 += n;
     }
+    Ok(())
+}
+
+fn aligned(what: &'static str, addr: u64, align: u64) -> Result<(), Q8Error> {
+    if addr % align != 0 {
+        return Err(Q8Error::Misaligned { what, addr, align });
+    }
+    Ok(())
+}
+
+/// `y = W x (+ bias) (+ y)` on int8 activations: `q8_gemv_q8` (its twin is
+/// [`crate::cpu::gemv_q8`]). `xq` / `xd` are `ncols` rows of `k` quantized as by
+/// [`quantize_into`] (`ncols * k` quants, `ncols * k / 32` scales; `xq` 16-byte aligned, as
+/// any view from the start of a buffer is), `y` holds `ncols` consecutive vectors of `rows`,
+/// `bias` has `rows` entries (added to every column). With `accumulate`, the result is added
+/// to what `y` holds (the residual add, in place) instead of replacing it.
+///
+/// Block 32 * [`GEMV_Q8_WARPS`], grid min(ceil(rows / [`GEMV_Q8_WARPS`]), SM count *
+/// [`GEMV_Q8_BLOCKS_PER_SM`]); one launch for every column.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_q8_into(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    k: usize,
+    xq: &CudaView<i8>,
+    xd: &CudaView<f32>,
+    ncols: usize,
+    bias: Option<&CudaView<f32>>,
+    accumulate: bool,
+    y: &mut CudaViewMut<f32>,
+) -> Result<(), Q8Error> {
+    if !(1..=GEMV_MAX_COLS).contains(&ncols) {
+        return Err(Q8Error::Cols(ncols));
+    }
+    check_weights(w, rows, k)?;
+    check_len("x.q", xq.len(), ncols, k)?;
+    check_len("x.d", xd.len(), ncols, k / QK)?;
+    check_len("y", y.len(), ncols, rows)?;
+    if let Some(b) = bias {
+        check_len("bias", b.len(), rows, 1)?;
+    }
+    let (rows_i, k_i, n_i) = (int("rows", rows)?, int("k", k)?, ncols as i32);
+    if rows == 0 {
+        return Ok(());
+    }
+    let f = gpu.function("q8_gemv", "q8_gemv_q8")?;
+    let blocks = rows
+        .div_ceil(GEMV_Q8_WARPS)
+        .min(gpu.sm_count.max(1) * GEMV_Q8_BLOCKS_PER_SM);
+    let cfg = LaunchConfig {
+        grid_dim: (int("rows", blocks)? as u32, 1, 1),
+        block_dim: (32 * GEMV_Q8_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (wp, _gw) = w.device_ptr(&gpu.stream);
+    let (qp, _gq) = xq.device_ptr(&gpu.stream);
+    let (dp, _gd) = xd.device_ptr(&gpu.stream);
+    let (bp, _gb) = match bias {
+        Some(b) => {
+            let (p, g) = b.device_ptr(&gpu.stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+    aligned("x.q", qp, 16)?;
+    let acc_i = i32::from(accumulate);
+    let mut launch = gpu.stream.launch_builder(&f);
+    launch
+        .arg(&wp)
+        .arg(&qp)
+        .arg(&dp)
+        .arg(&bp)
+        .arg(&yp)
+        .arg(&rows_i)
+        .arg(&k_i)
+        .arg(&n_i)
+        .arg(&acc_i);
+    // SAFETY: the argument list matches the kernel's signature; every buffer was checked
+    // against rows, k and ncols above (bias is null or holds rows floats), and xq's
+    // alignment, which its 16-byte loads need.
+    unsafe { launch.launch(cfg) }?;
     Ok(())
 }
 

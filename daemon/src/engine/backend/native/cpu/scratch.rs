@@ -3,6 +3,7 @@
 
 use inferloop_kernels::cpu::gemm::gemm;
 use inferloop_kernels::cpu::gemv::{gemv, ShapeError};
+use inferloop_kernels::cpu::gemv_q8::{gemv_q8, MAX_COLS};
 use inferloop_kernels::cpu::quantize::{quantize_into, Q8Act};
 use inferloop_kernels::cpu::simd::Isa;
 use inferloop_kernels::q8::{Q8Matrix, QK};
@@ -78,7 +79,9 @@ impl Matmul {
         quantize_into(self.isa, x, &mut a.q, &mut a.d)
     }
 
-    /// `y = W . x` for the input last prepared: `x` itself in f32, `a` quantized.
+    /// `y = W . x` for the input last prepared: `x` itself in f32, `a` quantized. Up to
+    /// [`MAX_COLS`] quantized rows take the decode GEMV's order (the CUDA pass's choice
+    /// too), more the GEMM's.
     pub(super) fn run(
         &self,
         w: &Q8Matrix,
@@ -88,6 +91,9 @@ impl Matmul {
         y: &mut [f32],
     ) -> Result<(), ShapeError> {
         match self.activations {
+            Activations::Q8 if a.rows <= MAX_COLS => {
+                gemv_q8(self.isa, self.threads, w, a, None, false, y)
+            }
             Activations::Q8 => gemm(self.isa, self.threads, w, a, y),
             Activations::F32 => gemv(self.isa, self.threads, w, x, n, y),
         }

@@ -256,7 +256,8 @@ fn quantize(
     )
 }
 
-/// `y = W . x` for the `n` rows last quantized into `q` / `d` (the int8 GEMM).
+/// `y = W . x` for the `n` rows last quantized into `q` / `d`: the decode GEMV up to
+/// [`gq8::GEMV_MAX_COLS`] rows (the CPU pass's choice too), else the int8 GEMM.
 fn matmul(
     g: &Gpu,
     m: &DevQ8,
@@ -265,14 +266,10 @@ fn matmul(
     d: &CudaSlice<f32>,
     y: &mut CudaSlice<f32>,
 ) -> Result<(), gq8::Q8Error> {
-    gq8::gemm_parts(
-        g,
-        &m.bytes,
-        m.rows,
-        m.k,
-        &q.slice(..n * m.k),
-        &d.slice(..n * m.k / QK),
-        n,
-        &mut y.slice_mut(..n * m.rows),
-    )
+    let (q, d) = (q.slice(..n * m.k), d.slice(..n * m.k / QK));
+    let mut y = y.slice_mut(..n * m.rows);
+    if (1..=gq8::GEMV_MAX_COLS).contains(&n) {
+        return gq8::gemv_q8_into(g, &m.bytes, m.rows, m.k, &q, &d, n, None, false, &mut y);
+    }
+    gq8::gemm_parts(g, &m.bytes, m.rows, m.k, &q, &d, n, &mut y)
 }
