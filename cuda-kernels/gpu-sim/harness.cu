@@ -4,8 +4,9 @@
 //   harness copy BYTES             float4 copy, block 256, one float4 per thread
 //   harness q8_gemv_f32 ROWS K B   q8_gemv_f32: block 32 * GEMV_ROWS_PER_BLOCK,
 //                                  grid ceil(ROWS / GEMV_ROWS_PER_BLOCK), 8 columns a launch
-//   harness q8_gemv_q8 ROWS K B    q8_gemv_q8: block 32 * GEMV_Q8_WARPS, grid
-//                                  min(ceil(ROWS / GEMV_Q8_WARPS), SMs * GEMV_Q8_BLOCKS_PER_SM)
+//   harness q8_gemv_q8 ROWS K B    q8_gemv_q8: block 32 * GEMV_Q8_WARPS, grid min(ceil(ROWS /
+//                                  (GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP)),
+//                                  SMs * GEMV_Q8_BLOCKS_PER_SM)
 //
 // The launch constants come from q8.rs (scripts/gpu-sim-bench.sh reads them and passes
 // -D flags), so the harness cannot drift from the wrapper. The simulator prints the cycles of
@@ -36,7 +37,7 @@
 #endif
 // q8_gemv.cu defines Q8_GEMV_Q8_WARPS once it has q8_gemv_q8.
 #if defined(Q8_GEMV_Q8_WARPS) && !defined(GEMV_Q8_WARPS)
-#error "pass -DGEMV_Q8_WARPS and -DGEMV_Q8_BLOCKS_PER_SM (from src/cuda/q8.rs)"
+#error "pass -DGEMV_Q8_WARPS, -DGEMV_Q8_ROWS_PER_WARP and -DGEMV_Q8_BLOCKS_PER_SM (from q8.rs)"
 #endif
 
 static const int kMaxCols = 8;  // GEMV_MAX_COLS
@@ -249,7 +250,8 @@ static int run_gemv_q8(int rows, int k, int batch) {
     CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dq, xq.data(), xq.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice));
-    long long blocks = (rows + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    const int per_block = GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP;
+    long long blocks = (rows + per_block - 1) / per_block;
     const long long cap = (long long)sm_count() * GEMV_Q8_BLOCKS_PER_SM;
     if (blocks > cap) blocks = cap;
     const unsigned grid = (unsigned)blocks, block = 32 * GEMV_Q8_WARPS;

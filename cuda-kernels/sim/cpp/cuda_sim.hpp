@@ -618,6 +618,16 @@ inline int __dp4a(int a, int b, int c) {
 }
 
 // The inline PTX the kernels use, rewritten by cuda-sim into these calls.
+// ld.global.cg.v4.u32 (a 16-byte load that skips L1 on a GPU; p is 16-byte aligned).
+inline void sim_ld_global_v4_u32(unsigned& a, unsigned& b, unsigned& c, unsigned& d,
+                                 const void* p) {
+    unsigned v[4];
+    memcpy(v, p, sizeof v);
+    a = v[0];
+    b = v[1];
+    c = v[2];
+    d = v[3];
+}
 inline float sim_cvt_f32_f16(unsigned short h) {
     const unsigned sign = (unsigned)(h >> 15) << 31;
     const unsigned exp = (h >> 10) & 0x1f, man = h & 0x3ff;
