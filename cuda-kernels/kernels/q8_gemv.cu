@@ -184,7 +184,7 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
     int foff[Q8_GEMV_Q8_ROWS];
 #pragma unroll
     for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
-        r0[d] = {0, 0, 0, 0};  // lanes past a unit's end stage zeros
+        r0[d] = {0, 0, 0, 0};  // defined: lanes past a unit's end stage words no lane reads
         r1[d] = r0[d];
         r2[d] = r0[d];
         foff[d] = 0;
