@@ -52,6 +52,7 @@ help:
 	@echo "  device-check-rehearse  device-check.sh three ways: on the emulator (passes), no libcuda, a corrupted module (both fail naming it)"
 	@echo "  kernels-test-aarch64  the CPU twins' tests cross-built for aarch64, run under qemu-user (NEON)"
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
+	@echo "  gpu-sim-bench GPGPUSIM_SRC=DIR  decode kernels' bandwidth on a simulated Orin NX (GPGPU-Sim; not in CI; QUICK=1) -> out/gpu-sim/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
@@ -206,6 +207,15 @@ kernel-bench:
 	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench
 	mkdir -p out/kernels
 	target/release/q8-bench --device $(DEVICE) --json out/kernels/bench-$(DEVICE).json $(BENCH_ARGS)
+
+# The decode kernels' DRAM bandwidth as a ratio to a copy kernel, on GPGPU-Sim with an
+# Orin-NX-shaped configuration (docs/native-and-cuda.md). The simulator's source is in no
+# package registry: GPGPUSIM_SRC is a git checkout of accel-sim/gpgpu-sim_distribution, built
+# once into ~/.cache/inferloop/gpgpusim. Not in CI. QUICK=1: a few minutes; the full run: see
+# the docs.
+.PHONY: gpu-sim-bench
+gpu-sim-bench:
+	GPGPUSIM_SRC=$(GPGPUSIM_SRC) scripts/gpu-sim-bench.sh
 
 # The GGUF reader against a million seeded mutations of the real header: no panic, no
 # allocation beyond the input's size (~30 minutes on 2 cores; make test runs 10,000).

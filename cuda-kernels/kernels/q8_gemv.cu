@@ -37,9 +37,11 @@
 // Launch: block = 32 * Q8_GEMV_ROWS_PER_BLOCK threads (the kernel reads rows per block from
 // blockDim.x, the macro only bounds it), grid = ceil(rows / rows per block).
 //
-// q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: warps walk the
-// rows with a grid stride (the wrapper sizes the grid from the SM count). xq must be
-// 16-byte aligned (k is a multiple of 32, so every block then is), xd, bias and y 4-byte.
+// q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes
+// Q8_GEMV_Q8_ROWS rows side by side and the warps walk the rows with a grid stride (the
+// wrapper sizes the grid from the SM count). xq must be 16-byte aligned (k is a multiple of
+// 32, so every block then is), xd, bias and y 4-byte. Static shared memory: 1152 bytes per
+// warp and row (9 KiB with 4 warps of 2 rows).
 
 #ifndef Q8_GEMV_ROWS_PER_BLOCK
 #define Q8_GEMV_ROWS_PER_BLOCK 4
@@ -117,64 +119,194 @@ struct alignas(16) q8_i4 {
     int a, b, c, d;
 };
 
+// ---- q8_gemv_q8 memory access (tuned on GPGPU-Sim, docs/native-and-cuda.md) ----
+// A warp takes Q8_GEMV_Q8_ROWS rows side by side, in units of 32 blocks (1088 bytes; a
+// row's last unit may be shorter): unit j of each of its rows is copied into the warp's
+// shared staging area with coalesced, aligned 16-byte loads that skip L1 (ld.global.cg; the
+// stretch starts up to 14 bytes early), lane l then reads block l of each unit with three
+// 16-byte shared loads, and the activations' loads for unit j serve every row. While the
+// units are computed the next ones' loads are in flight in registers.
+#define Q8_STAGE_WORDS 72  // (14 + 1088) / 16 rounded up
+
+struct alignas(16) q8_u4 {
+    unsigned int a, b, c, d;
+};
+
+// The 16-byte word at byte a of the weights (w + a is 16-aligned; the weights are
+// [0, end)): whole when inside, otherwise the bytes that are inside, 16 bits at a time (W
+// is 2-byte aligned), zeros elsewhere.
+static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict__ w,
+                                                long long a, long long end) {
+    if (a >= 0 && a + 16 <= end) {
+        q8_u4 r;
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.a), "=r"(r.b), "=r"(r.c), "=r"(r.d) : "l"(w + a));
+        return r;
+    }
+    unsigned int h[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const long long q = a + 2 * i;
+        h[i] = (q >= 0 && q < end) ? *(const unsigned short*)(w + q) : 0u;
+    }
+    q8_u4 r;
+    r.a = h[0] | (h[1] << 16);
+    r.b = h[2] | (h[3] << 16);
+    r.c = h[4] | (h[5] << 16);
+    r.d = h[6] | (h[7] << 16);
+    return r;
+}
+
+#ifndef Q8_GEMV_Q8_ROWS
+#define Q8_GEMV_Q8_ROWS 2  // rows a warp takes side by side (their units share x's loads)
+#endif
+
 // y must not be __restrict__: with accumulate, each element is read and then written by
 // the same thread (the residual add in place).
 extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
 q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
            const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows,
            int k, int ncols, int accumulate) {
+    __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
     const int lane = threadIdx.x & 31;
-    const int warps = gridDim.x * (blockDim.x >> 5);
+    const int groups = gridDim.x * (blockDim.x >> 5);  // warps
     const int nb = k >> 5;
+    const int nunits = (nb + 31) >> 5;
     const long long row_bytes = (long long)nb * Q8_BLOCK_BYTES;
-    // The row is the warp's, so whole warps loop and leave together: full-mask shuffles.
-    for (int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
-         row += warps) {
-        float acc[Q8_GEMV_MAX_COLS];
-#pragma unroll
-        for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) acc[c] = 0.0f;
+    const long long end = (long long)rows * row_bytes;
+    const int w_mis = (int)((unsigned long long)w & 15);  // the weights' offset from 16
 
-        const unsigned char* wrow = w + row * row_bytes;
-        for (int b = lane; b < nb; b += 32) {
-            const unsigned short* blk = (const unsigned short*)(wrow + b * Q8_BLOCK_BYTES);
-            const float dw = q8_f16_to_f32(blk[0]);
-            int wq[8];
+    // Warp g takes rows R*g .. R*g+R-1, then R*(g+groups).., unit j of all R rows at once
+    // (units in increasing j: partial l meets its blocks in increasing order).
+    int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * Q8_GEMV_Q8_ROWS;
+    int u = 0;
+    q8_u4 r0[Q8_GEMV_Q8_ROWS], r1[Q8_GEMV_Q8_ROWS], r2[Q8_GEMV_Q8_ROWS];
+    int foff[Q8_GEMV_Q8_ROWS];
 #pragma unroll
-            for (int u = 0; u < 8; ++u)
-                wq[u] = (int)((unsigned int)blk[1 + 2 * u] | ((unsigned int)blk[2 + 2 * u] << 16));
+    for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+        r0[d] = {0, 0, 0, 0};  // defined: lanes past a unit's end stage words no lane reads
+        r1[d] = r0[d];
+        r2[d] = r0[d];
+        foff[d] = 0;
+    }
+    int frow0 = row0, fu = u;
+#define Q8_FETCH_ALL()                                                                     \
+    do {                                                                                   \
+        frow0 = row0;                                                                      \
+        fu = u;                                                                            \
+        const int nblk_ = nb - 32 * u < 32 ? nb - 32 * u : 32;                             \
+        _Pragma("unroll") for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {                      \
+            if (row0 + d < rows) {                                                         \
+                const long long s_ = (row0 + d) * row_bytes + u * (32 * Q8_BLOCK_BYTES);   \
+                foff[d] = (int)((s_ + w_mis) & 15);                                        \
+                const long long a_ = s_ - foff[d];                                         \
+                const int words_ = (foff[d] + nblk_ * Q8_BLOCK_BYTES + 15) >> 4;           \
+                if (lane < words_) r0[d] = q8_word(w, a_ + 16 * lane, end);                \
+                if (lane + 32 < words_) r1[d] = q8_word(w, a_ + 16 * (lane + 32), end);    \
+                if (lane + 64 < words_) r2[d] = q8_word(w, a_ + 16 * (lane + 64), end);    \
+            }                                                                              \
+        }                                                                                  \
+        if (++u == nunits) {                                                               \
+            u = 0;                                                                         \
+            row0 += groups * Q8_GEMV_Q8_ROWS;                                              \
+        }                                                                                  \
+    } while (0)
+    if (row0 < rows) Q8_FETCH_ALL();
+
+    float acc[Q8_GEMV_Q8_ROWS][Q8_GEMV_MAX_COLS];
+#pragma unroll
+    for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d)
+#pragma unroll
+        for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) acc[d][c] = 0.0f;
+
+    // The rows are the warp's, so whole warps loop and leave together: full-mask shuffles.
+    while (frow0 < rows) {
+        __syncwarp();  // every lane is done reading the previous units
+#pragma unroll
+        for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+            q8_u4* st = stage[threadIdx.x >> 5][d];
+            st[lane] = r0[d];
+            st[lane + 32] = r1[d];
+            if (lane + 64 < Q8_STAGE_WORDS) st[lane + 64] = r2[d];
+        }
+        __syncwarp();
+        const int crow0 = frow0, cu = fu;
+        int coff[Q8_GEMV_Q8_ROWS];
+#pragma unroll
+        for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) coff[d] = foff[d];
+        if (row0 < rows) Q8_FETCH_ALL();
+        else frow0 = rows;
+
+        const int b = 32 * cu + lane;
+        if (b < nb) {
+            float dw[Q8_GEMV_Q8_ROWS];
+            int wq[Q8_GEMV_Q8_ROWS][8];
+#pragma unroll
+            for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+                // The block's 34 bytes lie in the 48 bytes from bo & ~15: three 16-byte
+                // shared loads, then the words picked by bo's offset in them (0..14, even).
+                const int bo = coff[d] + Q8_BLOCK_BYTES * lane;
+                const q8_u4* s16 = stage[threadIdx.x >> 5][d] + (bo >> 4);
+                const q8_u4 A = s16[0], B = s16[1], C = s16[2];
+                const unsigned int W[12] = {A.a, A.b, A.c, A.d, B.a, B.b,
+                                            B.c, B.d, C.a, C.b, C.c, C.d};
+                const int sh = bo & 15;
+                const int sw = sh >> 2;       // the scale's word (0..3)
+                const bool half = (sh & 2) != 0;
+                unsigned int t[9];            // words sw .. sw+8
+#pragma unroll
+                for (int i = 0; i < 9; ++i)
+                    t[i] = sw == 0 ? W[i] : sw == 1 ? W[i + 1] : sw == 2 ? W[i + 2] : W[i + 3];
+                const unsigned int hw = half ? t[0] >> 16 : t[0] & 0xffffu;
+                dw[d] = q8_f16_to_f32((unsigned short)hw);
+                // Quants at sh + 2: word-aligned when half (t[1..8]), else 16 bits on.
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    wq[d][i] = (int)(half ? t[i + 1] : (t[i] >> 16) | (t[i + 1] << 16));
+            }
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
                     const q8_i4* xb = (const q8_i4*)(xq + (long long)c * k + b * 32);
                     const q8_i4 x0 = xb[0];
                     const q8_i4 x1 = xb[1];
-                    int isum = __dp4a(wq[0], x0.a, 0);
-                    isum = __dp4a(wq[1], x0.b, isum);
-                    isum = __dp4a(wq[2], x0.c, isum);
-                    isum = __dp4a(wq[3], x0.d, isum);
-                    isum = __dp4a(wq[4], x1.a, isum);
-                    isum = __dp4a(wq[5], x1.b, isum);
-                    isum = __dp4a(wq[6], x1.c, isum);
-                    isum = __dp4a(wq[7], x1.d, isum);
                     const float dx = xd[(long long)c * nb + b];
-                    acc[c] = __fmaf_rn(__fmul_rn(dw, dx), __int2float_rn(isum), acc[c]);
+#pragma unroll
+                    for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+                        int isum = __dp4a(wq[d][0], x0.a, 0);
+                        isum = __dp4a(wq[d][1], x0.b, isum);
+                        isum = __dp4a(wq[d][2], x0.c, isum);
+                        isum = __dp4a(wq[d][3], x0.d, isum);
+                        isum = __dp4a(wq[d][4], x1.a, isum);
+                        isum = __dp4a(wq[d][5], x1.b, isum);
+                        isum = __dp4a(wq[d][6], x1.c, isum);
+                        isum = __dp4a(wq[d][7], x1.d, isum);
+                        acc[d][c] =
+                            __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum), acc[d][c]);
+                    }
                 }
             }
         }
-
+        if (cu == nunits - 1) {
 #pragma unroll
-        for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
-            if (c < ncols) {
-                float v = acc[c];
+            for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-                if (lane == 0) {
-                    float* out = y + (long long)c * rows + row;
-                    if (bias) v = __fadd_rn(v, bias[row]);
-                    *out = accumulate ? __fadd_rn(*out, v) : v;
+                for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
+                    if (c < ncols) {
+                        float v = acc[d][c];
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1)
+                            v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+                        if (lane == 0 && crow0 + d < rows) {
+                            float* out = y + (long long)c * rows + crow0 + d;
+                            if (bias) v = __fadd_rn(v, bias[crow0 + d]);
+                            *out = accumulate ? __fadd_rn(*out, v) : v;
+                        }
+                    }
+                    acc[d][c] = 0.0f;
                 }
             }
         }
     }
+#undef Q8_FETCH_ALL
 }

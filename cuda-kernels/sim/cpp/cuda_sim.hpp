@@ -569,6 +569,12 @@ inline void __syncthreads() {
     sim::yield_to_scheduler();
 }
 
+// A warp barrier (shared memory written by some lanes, then read by others): here a shuffle
+// that every lane of the warp must reach, which is what __syncwarp asks of the warp.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)sim::shuffle(sim::ShflKind::Idx, mask, 0, 0, 32);
+}
+
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     return sim::shuffle(sim::ShflKind::Xor, mask, v, lane_mask, width);
@@ -624,6 +630,16 @@ inline int __dp4a(int a, int b, int c) {
 }
 
 // The inline PTX the kernels use, rewritten by cuda-sim into these calls.
+// ld.global.cg.v4.u32 (a 16-byte load that skips L1 on a GPU; p is 16-byte aligned).
+inline void sim_ld_global_v4_u32(unsigned& a, unsigned& b, unsigned& c, unsigned& d,
+                                 const void* p) {
+    unsigned v[4];
+    memcpy(v, p, sizeof v);
+    a = v[0];
+    b = v[1];
+    c = v[2];
+    d = v[3];
+}
 inline float sim_cvt_f32_f16(unsigned short h) {
     const unsigned sign = (unsigned)(h >> 15) << 31;
     const unsigned exp = (h >> 10) & 0x1f, man = h & 0x3ff;

@@ -31,6 +31,13 @@ const PTX_CALLS: &[(&str, &str)] = &[
     ("cvt.rn.f16.f32 %0, %1;", "sim_cvt_rn_f16_f32"),
 ];
 
+/// Inline PTX statements with several outputs: (instruction text, function). The statement
+/// becomes `function(out0, .., in0, ..);`, the outputs taken by reference.
+const PTX_STMTS: &[(&str, &str)] = &[(
+    "ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];",
+    "sim_ld_global_v4_u32",
+)];
+
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     #[error("{file}.cu line {line}: {what}")]
@@ -121,16 +128,28 @@ fn rewrite_asm(file: &str, code: &str) -> Result<String, SimError> {
             ));
         };
         let insn = insn.trim().trim_matches('"');
-        let Some(&(_, call)) = PTX_CALLS.iter().find(|(i, _)| *i == insn) else {
+        let unreadable = || {
+            err(
+                at,
+                format!("asm operands the emulator cannot read: {outs} : {ins}"),
+            )
+        };
+        let stmt = if let Some(&(_, call)) = PTX_CALLS.iter().find(|(i, _)| *i == insn) {
+            let (Some(o), Some(i)) = (operand(outs), operand(ins)) else {
+                return Err(unreadable());
+            };
+            format!("{o} = {call}({i});")
+        } else if let Some(&(_, call)) = PTX_STMTS.iter().find(|(i, _)| *i == insn) {
+            let args: Option<Vec<&str>> = split_top(outs, ',')
+                .into_iter()
+                .chain(split_top(ins, ','))
+                .map(operand)
+                .collect();
+            format!("{call}({});", args.ok_or_else(unreadable)?.join(", "))
+        } else {
             return Err(err(
                 at,
                 format!("inline PTX `{insn}` has no emulation in cuda-sim"),
-            ));
-        };
-        let (Some(o), Some(i)) = (operand(outs), operand(ins)) else {
-            return Err(err(
-                at,
-                format!("asm operands the emulator cannot read: {outs} : {ins}"),
             ));
         };
         let semi = code[close + 1..]
@@ -138,7 +157,7 @@ fn rewrite_asm(file: &str, code: &str) -> Result<String, SimError> {
             .filter(|&s| code[close + 1..close + 1 + s].trim().is_empty())
             .ok_or_else(|| err(at, "asm(...) not followed by ';'".into()))?;
         out.push_str(&code[rest..at]);
-        out.push_str(&format!("{o} = {call}({i});"));
+        out.push_str(&stmt);
         // Keep line numbers: the statement is one line in every kernel, but be safe.
         out.push_str(&"\n".repeat(code[at..close].matches('\n').count()));
         rest = close + 1 + semi + 1;
@@ -431,6 +450,11 @@ mod tests {
         assert_eq!(
             rewrite_asm("t", code).unwrap(),
             "float f; f = sim_cvt_f32_f16(h); return f;"
+        );
+        let code = "asm volatile(\"ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\"\n : \"=r\"(r.a), \"=r\"(r.b), \"=r\"(r.c), \"=r\"(r.d) : \"l\"(w + a));";
+        assert_eq!(
+            rewrite_asm("t", code).unwrap(),
+            "sim_ld_global_v4_u32(r.a, r.b, r.c, r.d, w + a);\n"
         );
         // Words containing "asm" are not statements.
         assert_eq!(

@@ -21,9 +21,12 @@ pub const GEMV_MAX_COLS: usize = 8;
 pub const GEMV_ROWS_PER_BLOCK: usize = 4;
 /// Warps per thread block of `q8_gemv_q8`: `Q8_GEMV_Q8_WARPS`.
 pub const GEMV_Q8_WARPS: usize = 4;
+/// Rows each `q8_gemv_q8` warp takes side by side: `Q8_GEMV_Q8_ROWS`.
+pub const GEMV_Q8_ROWS_PER_WARP: usize = 2;
 /// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
-/// 8 x 4 warps, enough resident warps to keep loads in flight on every SM.
-pub const GEMV_Q8_BLOCKS_PER_SM: usize = 8;
+/// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87), so that every
+/// SM keeps 20 warps' loads in flight (tuned on GPGPU-Sim, docs/native-and-cuda.md).
+pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
 pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
 /// GEMM tile: `16 * Q8_GEMM_TR` rows by `16 * Q8_GEMM_TT` tokens, 16 x 16 threads.
@@ -192,8 +195,9 @@ fn aligned(what: &'static str, addr: u64, align: u64) -> Result<(), Q8Error> {
 /// `bias` has `rows` entries (added to every column). With `accumulate`, the result is added
 /// to what `y` holds (the residual add, in place) instead of replacing it.
 ///
-/// Block 32 * [`GEMV_Q8_WARPS`], grid min(ceil(rows / [`GEMV_Q8_WARPS`]), SM count *
-/// [`GEMV_Q8_BLOCKS_PER_SM`]); one launch for every column.
+/// Block 32 * [`GEMV_Q8_WARPS`], grid min(ceil(rows / ([`GEMV_Q8_WARPS`] *
+/// [`GEMV_Q8_ROWS_PER_WARP`])), SM count * [`GEMV_Q8_BLOCKS_PER_SM`]); one launch for every
+/// column.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_q8_into(
     gpu: &Gpu,
@@ -223,7 +227,7 @@ pub fn gemv_q8_into(
     }
     let f = gpu.function("q8_gemv", "q8_gemv_q8")?;
     let blocks = rows
-        .div_ceil(GEMV_Q8_WARPS)
+        .div_ceil(GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP)
         .min(gpu.sm_count.max(1) * GEMV_Q8_BLOCKS_PER_SM);
     let cfg = LaunchConfig {
         grid_dim: (int("rows", blocks)? as u32, 1, 1),
