@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUdevice_attribute;
 use crate::kernels::SOURCES;
 use crate::nvrtc::CompileError;
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 
 pub use cudarc;
