@@ -68,7 +68,7 @@ mod tests {
     fn entries_are_read_from_the_sources() {
         assert_eq!(
             source("q8_gemv").map(Source::entries).unwrap(),
-            ["q8_gemv_f32"]
+            ["q8_gemv_f32", "q8_gemv_q8"]
         );
         let attn = source("attention").map(Source::entries).unwrap();
         assert_eq!(attn, ["attn_partial_f16", "attn_combine_f32"]);
