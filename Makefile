@@ -269,8 +269,9 @@ image-tool: deps
 base-rootfs:
 	scripts/make-base-rootfs.sh out/base-rootfs
 
-# The Orin example bakes $(MODEL_Q8), pinned by its SHA-256: model-q8 makes it first.
-image: image-tool base-rootfs $(CROSS_BIN) model-q8
+# The Orin example bakes $(MODEL_Q8), pinned by its SHA-256 (model-q8 makes it first), and
+# installs the shipped kernels from kernels-check.
+image: image-tool base-rootfs $(CROSS_BIN) model-q8 kernels-check
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(IMAGE_SPEC) --out $(IMAGE_OUT)
 	$(IMAGE_BIN) verify --manifest $(IMAGE_OUT)/manifest.json
 	$(IMAGE_BIN) inspect $(IMAGE_OUT)/manifest.json
@@ -287,7 +288,7 @@ BUNDLE_FORMAT ?= verity
 ota-keys:
 	scripts/ota-keys.sh $(OTA_KEYS)
 
-bundle: image-tool base-rootfs $(CROSS_BIN) ota-keys model-q8
+bundle: image-tool base-rootfs $(CROSS_BIN) ota-keys model-q8 kernels-check
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(OTA_SPEC) --out $(OTA_IMAGE_OUT)
 	$(IMAGE_BIN) verify --manifest $(OTA_IMAGE_OUT)/manifest.json
 	$(IMAGE_BIN) bundle --spec $(OTA_SPEC) --image $(OTA_IMAGE_OUT) --format $(BUNDLE_FORMAT) \

@@ -103,6 +103,10 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
     let daemon_dest = tree::join(&root, DAEMON_PATH);
     tree::mkdir_p(daemon_dest.parent().unwrap_or(&root))?;
     replace_with_copy(&spec.daemon.path, &daemon_dest, 0o755)?;
+    if let Some(dir) = &spec.daemon.kernels {
+        let n = crate::kernels::install(dir, &root)?;
+        tracing::info!(kernels = %dir.display(), files = n, "installing the CUDA kernels");
+    }
     if let Some(input) = &spec.ota {
         tracing::info!(keyring = %input.keyring.display(), "installing the RAUC config and keyring");
         install_ota(spec, input, &root)?;

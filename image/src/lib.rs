@@ -31,6 +31,7 @@ pub mod debian;
 pub mod elf;
 pub mod error;
 pub mod inspect;
+pub mod kernels;
 pub mod ota;
 pub mod pack;
 pub mod progress;

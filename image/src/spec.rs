@@ -145,6 +145,9 @@ struct DaemonFile {
     version: String,
     #[serde(default)]
     target: Option<String>,
+    /// `make kernels-check`'s output directory, installed as the daemon's kernels.
+    #[serde(default)]
+    kernels: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +217,8 @@ pub struct DaemonInput {
     pub path: PathBuf,
     pub version: String,
     pub target: String,
+    /// The CUDA kernels to install at [`crate::kernels::KERNELS_PATH`] (cubins and PTX).
+    pub kernels: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,10 +307,19 @@ impl Spec {
         metadata("daemon.path", &daemon_path)?;
         check_version("daemon.version", &file.daemon.version)?;
         let target = elf::check_target(&daemon_path, file.daemon.target.as_deref())?;
+        let kernels = match file.daemon.kernels {
+            Some(k) => {
+                let k = resolve(&k);
+                crate::kernels::check(&k)?;
+                Some(k)
+            }
+            None => None,
+        };
         let daemon = DaemonInput {
             path: daemon_path,
             version: file.daemon.version,
             target,
+            kernels,
         };
 
         let base = check_base(file.base, &daemon.target, &resolve)?;

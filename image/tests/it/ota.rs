@@ -186,6 +186,7 @@ fn ota_example_spec_is_the_example_plus_an_ota_table() {
         b"stand-in",
         0o644,
     );
+    crate::common::write(&f.path("out/kernels/ptx/rope.ptx"), b"// ptx", 0o644);
     crate::common::write(
         &f.path("out/ota-keys/ca.cert.pem"),
         b"-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n",

@@ -222,9 +222,15 @@ fn example_spec_bakes_the_q8_0_model_pinned_and_serves_on_the_gpu() {
     );
     make_base(&f.path("out/base-rootfs"));
     std::os::unix::fs::symlink(repo().join("rootfs"), f.path("rootfs")).expect("symlink");
+    crate::common::write(&f.path("out/kernels/ptx/rope.ptx"), b"// ptx", 0o644);
     crate::common::write(&f.path(Q8), b"stand-in", 0o644);
     let spec = Spec::from_toml(&spec_text, &origin).expect("example spec");
     assert_eq!(spec.board.name, "jetson-orin-nx-16gb");
+    assert_eq!(
+        spec.daemon.kernels.as_deref(),
+        Some(f.path("image/examples/../../out/kernels").as_path()),
+        "the example installs the shipped kernels"
+    );
     assert_eq!(
         spec.daemon.version,
         env!("CARGO_PKG_VERSION"),
@@ -324,4 +330,72 @@ fn baked_model_is_listed_in_the_image() {
         .expect("listed");
     assert_eq!(entry.sha256.as_deref(), Some(m.model.sha256.as_str()));
     assert_eq!(entry.mode, 0o644);
+}
+
+/// `daemon.kernels` installs the cubins and PTX (nothing else from the directory) where the
+/// daemon's loader looks, each listed and pinned by the manifest; a directory without PTX is
+/// refused at the spec.
+#[test]
+fn kernels_are_installed_where_the_daemon_looks_and_pinned() {
+    require!(
+        "kernels_are_installed_where_the_daemon_looks_and_pinned",
+        MKSQUASHFS
+    );
+    let f = Fixture::new();
+    crate::common::write(&f.path("kernels/sm_87/rope.cubin"), b"sass 87", 0o600);
+    crate::common::write(&f.path("kernels/sm_90/rope.cubin"), b"sass 90", 0o600);
+    crate::common::write(&f.path("kernels/ptx/rope.ptx"), b"// ptx 8.2", 0o600);
+    crate::common::write(&f.path("kernels/kernels.json"), b"{}", 0o644);
+    crate::common::write(&f.path("kernels/build/rope.log"), b"ptxas", 0o644);
+    let with = |dir: &str| {
+        f.spec_text("squashfs", &Fixture::mounted_model(), "")
+            .replace(
+                "version = \"0.1.0\"\n",
+                &format!("version = \"0.1.0\"\nkernels = \"{dir}\"\n"),
+            )
+    };
+    let spec = Spec::load(&f.write_spec(&with("kernels"))).expect("spec");
+    let built = f.build(&spec, "out");
+    let files = &built.manifest.image.as_ref().expect("image").files;
+    let kernels: Vec<_> = files
+        .iter()
+        .filter(|e| e.path.starts_with("/usr/lib/inferloop/kernels/"))
+        .filter(|e| e.sha256.is_some())
+        .map(|e| (e.path.as_str(), e.mode, e.sha256.clone()))
+        .collect();
+    let sha = |b: &[u8]| Some(inferloop_manifest::hash::sha256_bytes(b));
+    assert_eq!(
+        kernels,
+        [
+            (
+                "/usr/lib/inferloop/kernels/ptx/rope.ptx",
+                0o644,
+                sha(b"// ptx 8.2")
+            ),
+            (
+                "/usr/lib/inferloop/kernels/sm_87/rope.cubin",
+                0o644,
+                sha(b"sass 87")
+            ),
+            (
+                "/usr/lib/inferloop/kernels/sm_90/rope.cubin",
+                0o644,
+                sha(b"sass 90")
+            ),
+        ]
+    );
+
+    std::fs::remove_file(f.path("kernels/ptx/rope.ptx")).expect("rm");
+    let err = Spec::load(&f.write_spec(&with("kernels"))).expect_err("no PTX");
+    assert!(
+        matches!(
+            err,
+            ImageError::SpecInvalid {
+                field: "daemon.kernels",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ptx"), "{err}");
 }
