@@ -1,10 +1,14 @@
-//! The kernels of one pass, launched on the GPU's stream in order: for every layer
-//! rmsnorm+quantize, the Q|K|V matmul (bias added in its epilogue), RoPE+KV store, the
-//! step's attention (its output quantized), the output matmul added into the residual, then
-//! rmsnorm+quantize, the gate|up matmul, silu·up+quantize, the down matmul added into the
-//! residual. Nothing here depends on a token's values: positions, KV cells and the wanted
-//! rows are read on the device, so the same launches, captured once, replay any step with
-//! the same token and wanted-row counts ([`super::graph`]).
+//! The kernels of one pass, launched on the GPU's stream in order. A step of 1..=8 tokens
+//! (every step: the micro-batch is 8) takes four launches a layer ([`launch_layers`],
+//! `layer.cu`): Q|K|V with RoPE, the KV store and attention; the output matmul into the
+//! residual with the FFN norm; gate|up with silu·up; the down matmul into the residual with
+//! the next norm. A larger step would take nine (`fused.cu` and the GEMM): rmsnorm+quantize,
+//! the Q|K|V matmul (bias added in its epilogue), RoPE+KV store, the step's attention (its
+//! output quantized), the output matmul added into the residual, then rmsnorm+quantize, the
+//! gate|up matmul, silu·up+quantize, the down matmul added into the residual. Nothing here
+//! depends on a token's values: positions, KV cells and the wanted rows are read on the
+//! device, so the same launches, captured once, replay any step with the same token and
+//! wanted-row counts ([`super::graph`]).
 
 use inferloop_kernels::cpu::attention::CHUNK;
 use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaViewMut};
