@@ -218,16 +218,18 @@ rope_store_f32(float* qkv, const int* __restrict__ pos, const int* __restrict__ 
 // qkv as above (q read only); k, v: one layer's caches of n_cells cells; part (workspace):
 // [n_tok][n_head][max_chunks][2 + head_dim]; out: [n_tok][n_head * head_dim] f32, and its
 // quantization oq (int8, same layout) and od ([n_tok][n_head * head_dim / 32]).
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
-attn_step_f16(const float* __restrict__ qkv, const unsigned short* __restrict__ k,
-              const unsigned short* __restrict__ v, const int* __restrict__ pos,
-              const int* __restrict__ cells, float* __restrict__ part, float* __restrict__ out,
-              signed char* __restrict__ oq, float* __restrict__ od, int n_head, int n_head_kv,
-              int head_dim, int n_ctx, int n_cells, int max_chunks, int chunk, float scale) {
+// attn_step_f16's block (h, t) as a device function (layer.cu's qkv kernel runs it in its
+// epilogue): any block of at least head_dim threads, a multiple of 32; out may be null.
+// qkv, k and v are not __restrict__: layer.cu's kernel writes them earlier in the launch.
+static __device__ __forceinline__ void attn_head_token(
+    int h, int t, const float* qkv, const unsigned short* k, const unsigned short* v,
+    const int* __restrict__ pos, const int* __restrict__ cells, float* __restrict__ part,
+    float* __restrict__ out, signed char* __restrict__ oq, float* __restrict__ od, int n_head,
+    int n_head_kv, int head_dim, int n_ctx, int n_cells, int max_chunks, int chunk,
+    float scale) {
     __shared__ float sc[ATTN_CHUNK];
     __shared__ float sh[32];
     if (chunk > ATTN_CHUNK) return;  // the wrapper refuses this; never overrun sc
-    const int h = blockIdx.x, t = blockIdx.y;
     const int qd = n_head * head_dim, kvd = n_head_kv * head_dim;
     const int p_t = pos[t];
     const int cell0 = cells[t] - p_t;
@@ -305,9 +307,19 @@ attn_step_f16(const float* __restrict__ qkv, const unsigned short* __restrict__ 
         r = __fdiv_rn(o, l);
     }
     const size_t at = (size_t)t * qd + (size_t)h * head_dim;
-    if (d < head_dim) out[at + d] = r;
+    if (out && d < head_dim) out[at + d] = r;
     // Whole warps only (head_dim is a multiple of 32): warp w's dims are one Q8 block.
     if (warp * 32 < head_dim) quantize_warp(r, oq + at + warp * 32, od + (at >> 5) + warp);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attn_step_f16(const float* __restrict__ qkv, const unsigned short* __restrict__ k,
+              const unsigned short* __restrict__ v, const int* __restrict__ pos,
+              const int* __restrict__ cells, float* __restrict__ part, float* __restrict__ out,
+              signed char* __restrict__ oq, float* __restrict__ od, int n_head, int n_head_kv,
+              int head_dim, int n_ctx, int n_cells, int max_chunks, int chunk, float scale) {
+    attn_head_token(blockIdx.x, blockIdx.y, qkv, k, v, pos, cells, part, out, oq, od, n_head,
+                    n_head_kv, head_dim, n_ctx, n_cells, max_chunks, chunk, scale);
 }
 
 // gu: [n_tok][2 n_ff] (gate, then up); q, d: the [n_tok][n_ff] product quantized.

@@ -161,15 +161,18 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 #define Q8_GEMV_Q8_ROWS 2  // rows a warp takes side by side (their units share x's loads)
 #endif
 
+// q8_gemv_q8's body as a device function, so fused kernels (layer.cu) run the same matvec
+// between a prologue and an epilogue of their own: warp `group` of `groups` takes its rows
+// of the `rows` rows of w as below; column c of the result is y[c * ystride + row]. A
+// block calling it must have at most Q8_GEMV_Q8_WARPS warps, each calling it whole.
 // y must not be __restrict__: with accumulate, each element is read and then written by
 // the same thread (the residual add in place).
-extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
-q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
-           const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows,
-           int k, int ncols, int accumulate) {
+static __device__ __forceinline__ void q8_gemv_q8_rows(
+    const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+    const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
+    int ncols, int accumulate, int group, int groups, long long ystride) {
     __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
     const int lane = threadIdx.x & 31;
-    const int groups = gridDim.x * (blockDim.x >> 5);  // warps
     const int nb = k >> 5;
     const int nunits = (nb + 31) >> 5;
     const long long row_bytes = (long long)nb * Q8_BLOCK_BYTES;
@@ -178,7 +181,7 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
 
     // Warp g takes rows R*g .. R*g+R-1, then R*(g+groups).., unit j of all R rows at once
     // (units in increasing j: partial l meets its blocks in increasing order).
-    int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * Q8_GEMV_Q8_ROWS;
+    int row0 = group * Q8_GEMV_Q8_ROWS;
     int u = 0;
     q8_u4 r0[Q8_GEMV_Q8_ROWS], r1[Q8_GEMV_Q8_ROWS], r2[Q8_GEMV_Q8_ROWS];
     int foff[Q8_GEMV_Q8_ROWS];
@@ -298,7 +301,7 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
                         for (int o = 16; o > 0; o >>= 1)
                             v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
                         if (lane == 0 && crow0 + d < rows) {
-                            float* out = y + (long long)c * rows + crow0 + d;
+                            float* out = y + (long long)c * ystride + crow0 + d;
                             if (bias) v = __fadd_rn(v, bias[crow0 + d]);
                             *out = accumulate ? __fadd_rn(*out, v) : v;
                         }
@@ -309,4 +312,13 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
         }
     }
 #undef Q8_FETCH_ALL
+}
+
+extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
+q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+           const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows,
+           int k, int ncols, int accumulate) {
+    q8_gemv_q8_rows(w, xq, xd, bias, y, rows, k, ncols, accumulate,
+                    blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5),
+                    gridDim.x * (blockDim.x >> 5), rows);
 }

@@ -6,12 +6,25 @@
 pub struct Source {
     /// File stem, also the module name the runtime loads it as.
     pub name: &'static str,
+    /// The program compiled: the files it builds on (their device functions), then its own.
     pub code: &'static str,
+    /// Its own file, whose kernels are the module's entries.
+    pub own: &'static str,
+}
+
+macro_rules! cu {
+    ($name:literal) => {
+        include_str!(concat!("../kernels/", $name, ".cu"))
+    };
 }
 
 macro_rules! sources {
-    ($($name:literal),* $(,)?) => {
-        &[$(Source { name: $name, code: include_str!(concat!("../kernels/", $name, ".cu")) }),*]
+    ($($name:literal $(after [$($dep:literal),*])?),* $(,)?) => {
+        &[$(Source {
+            name: $name,
+            code: concat!($($(cu!($dep), "\n",)*)? cu!($name)),
+            own: cu!($name),
+        }),*]
     };
 }
 
@@ -19,8 +32,8 @@ impl Source {
     /// The names of its `extern "C" __global__` kernels, in file order.
     pub fn entries(&self) -> Vec<String> {
         let mut names = Vec::new();
-        for (at, _) in self.code.match_indices("extern \"C\" __global__") {
-            let mut rest = self.code[at..]
+        for (at, _) in self.own.match_indices("extern \"C\" __global__") {
+            let mut rest = self.own[at..]
                 .trim_start_matches("extern \"C\" __global__")
                 .trim_start();
             rest = rest.strip_prefix("void").unwrap_or(rest).trim_start();
@@ -53,6 +66,7 @@ pub const SOURCES: &[Source] = sources![
     "softmax",
     "attention",
     "fused",
+    "layer" after ["q8_gemv", "fused"],
 ];
 
 /// The source named `name`.
@@ -73,5 +87,11 @@ mod tests {
         let attn = source("attention").map(Source::entries).unwrap();
         assert_eq!(attn, ["attn_partial_f16", "attn_combine_f32"]);
         assert!(SOURCES.iter().all(|s| !s.entries().is_empty()));
+        let layer = source("layer").unwrap();
+        assert_eq!(
+            layer.entries(),
+            ["layer_qkv", "layer_residual_norm", "layer_gate_up"]
+        );
+        assert!(layer.code.starts_with(source("q8_gemv").unwrap().code));
     }
 }

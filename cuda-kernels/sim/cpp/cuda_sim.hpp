@@ -592,6 +592,11 @@ inline T __shfl_sync(unsigned mask, T v, int lane, int width = 32) {
     return sim::shuffle(sim::ShflKind::Idx, mask, v, lane, width);
 }
 
+// Blocks of a launch run on several OS threads: atomics are the host's, and a fence is a
+// full one (what __threadfence orders on a GPU, and more).
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
 // The _rn intrinsics: IEEE round-to-nearest-even single operations. The emulator is built
 // with -ffp-contract=off, so each is exactly one rounding, as on the GPU.
 inline float __fadd_rn(float a, float b) { return a + b; }

@@ -73,7 +73,7 @@ pub struct Translated {
 /// Rewrites one kernel source into a translation unit for the emulator.
 pub fn translate(src: &Source) -> Result<Translated, SimError> {
     let body = rewrite_asm(src.name, src.code)?;
-    let entries = kernel_entries(src.code);
+    let entries = kernel_entries(src.own);
     if entries.is_empty() {
         return Err(SimError::NoKernel {
             file: src.name.to_string(),

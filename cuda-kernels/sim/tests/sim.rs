@@ -20,6 +20,7 @@ const MODULE_ENV: &str = "INFERLOOP_SIM_SELFTEST";
 const SELFTEST: Source = Source {
     name: "selftest",
     code: include_str!("sim/selftest.cu"),
+    own: include_str!("sim/selftest.cu"),
 };
 
 fn built() -> &'static Built {

@@ -12,6 +12,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod fused;
+pub mod layer;
 pub mod rmsnorm;
 pub mod rope;
 pub mod softmax;

@@ -15,6 +15,7 @@ pub use load::{KernelsFrom, ModuleSource, Origin, KERNELS_DIR_ENV, PTX_DIR_ENV};
 
 pub mod counters;
 pub mod fused;
+pub mod layer;
 pub mod load;
 pub mod ops;
 pub mod q8;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use inferloop_kernels::cpu::attention::{AttnShape, CHUNK};
 use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use inferloop_kernels::cuda::layer;
 use inferloop_kernels::q8::{Q8Matrix, QK};
 
 use super::super::batch::{op_on, UBATCH};
@@ -58,6 +59,12 @@ pub(super) struct DevScratch {
     /// The quantized matmul input: quants and block scales, sized for the widest input.
     pub(super) qa_q: CudaSlice<i8>,
     pub(super) qa_d: CudaSlice<f32>,
+    /// A second quantized input, for the layer kernels: one writes it while the next
+    /// kernel's blocks may still read `qa_q` / `qa_d`.
+    pub(super) qb_q: CudaSlice<i8>,
+    pub(super) qb_d: CudaSlice<f32>,
+    /// The layer kernels' counters (zeros between launches).
+    pub(super) counters: CudaSlice<i32>,
     /// The pass's inputs, uploaded in one copy: [`Input`] parts of [`UBATCH`] each.
     pub(super) inputs: CudaSlice<i32>,
     pub(super) attn_ws: CudaSlice<f32>,
@@ -178,16 +185,22 @@ pub(super) fn alloc_scratch(
             .alloc_zeros::<i8>(UBATCH * widest)
             .map_err(op(None, "scratch"))?,
         qa_d: f32s(UBATCH * widest / QK)?,
+        qb_q: st
+            .alloc_zeros::<i8>(UBATCH * widest)
+            .map_err(op(None, "scratch"))?,
+        qb_d: f32s(UBATCH * widest / QK)?,
+        counters: i32s(layer::COUNTERS)?,
         inputs: i32s(Input::COUNT * UBATCH)?,
         attn_ws: f32s(ws)?,
         logits: f32s(UBATCH * hp.n_vocab)?,
     };
     let scratch = 4
         * (UBATCH * (2 * hp.n_embd + qkv + hp.q_dim() + 2 * hp.n_ff + hp.n_vocab)
-            + UBATCH * widest / QK
+            + 2 * UBATCH * widest / QK
             + 4 * UBATCH
+            + layer::COUNTERS
             + ws)
-        + UBATCH * widest;
+        + 2 * UBATCH * widest;
     Ok((s, scratch))
 }
 

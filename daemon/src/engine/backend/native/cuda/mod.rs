@@ -2,7 +2,7 @@
 //! `inferloop-kernels`' CUDA kernels, which give their twins' bits. Weights are copied to
 //! GPU memory once ([`memory`]), the KV cache lives there ([`DeviceKv`]), and each pass
 //! uploads its tokens, positions, cells and wanted rows in one copy, runs its kernels
-//! ([`step`]: nine per layer, the fused ones of `fused.cu`) as one CUDA graph ([`graph`]),
+//! ([`step`]: four per layer, those of `layer.cu`) as one CUDA graph ([`graph`]),
 //! and downloads only the logits rows asked for.
 //!
 //! On a Jetson, GPU memory is the same DRAM as the CPU's: the ledger counts the copy as

@@ -1,15 +1,19 @@
-//! The kernels of one pass, launched on the GPU's stream in order: for every layer
-//! rmsnorm+quantize, the Q|K|V matmul (bias added in its epilogue), RoPE+KV store, the
-//! step's attention (its output quantized), the output matmul added into the residual, then
-//! rmsnorm+quantize, the gate|up matmul, silu·up+quantize, the down matmul added into the
-//! residual. Nothing here depends on a token's values: positions, KV cells and the wanted
-//! rows are read on the device, so the same launches, captured once, replay any step with
-//! the same token and wanted-row counts ([`super::graph`]).
+//! The kernels of one pass, launched on the GPU's stream in order. A step of 1..=8 tokens
+//! (every step: the micro-batch is 8) takes four launches a layer ([`launch_layers`],
+//! `layer.cu`): Q|K|V with RoPE, the KV store and attention; the output matmul into the
+//! residual with the FFN norm; gate|up with silu·up; the down matmul into the residual with
+//! the next norm. A larger step would take nine (`fused.cu` and the GEMM): rmsnorm+quantize,
+//! the Q|K|V matmul (bias added in its epilogue), RoPE+KV store, the step's attention (its
+//! output quantized), the output matmul added into the residual, then rmsnorm+quantize, the
+//! gate|up matmul, silu·up+quantize, the down matmul added into the residual. Nothing here
+//! depends on a token's values: positions, KV cells and the wanted rows are read on the
+//! device, so the same launches, captured once, replay any step with the same token and
+//! wanted-row counts ([`super::graph`]).
 
 use inferloop_kernels::cpu::attention::CHUNK;
 use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaViewMut};
 use inferloop_kernels::cuda::fused::{self, AttnOut};
-use inferloop_kernels::cuda::{ops, q8 as gq8, Gpu};
+use inferloop_kernels::cuda::{layer, ops, q8 as gq8, Gpu};
 use inferloop_kernels::q8::QK;
 
 use super::super::error::NativeError;
@@ -49,6 +53,9 @@ pub(super) fn launch(
         &mut s.x.slice_mut(..n * e),
     )
     .map_err(op(None, "token_embd"))?;
+    if (1..=gq8::GEMV_MAX_COLS).contains(&n) && !w.layers.is_empty() {
+        return launch_layers(g, hp, w, s, cells, n_ctx, sh);
+    }
     for (l, ly) in w.layers.iter().enumerate() {
         let le = Some(l);
         let (qa_q, qa_d) = (&mut s.qa_q, &mut s.qa_d);
@@ -131,6 +138,131 @@ pub(super) fn launch(
         &mut s.qa_d.slice_mut(..m * e / QK),
     )
     .map_err(op(None, "output_norm"))?;
+    let output = w.output.as_ref().unwrap_or(&w.token_embd);
+    linear(g, output, m, s, None, Out::Logits).map_err(op(None, "output"))
+}
+
+/// The layers of a step of 1..=[`gq8::GEMV_MAX_COLS`] tokens, four launches each
+/// (`layer.cu`): Q|K|V with RoPE, the KV store and the attention, quantized into `qb`; the
+/// output projection into `x` with the FFN norm of the new `x` quantized into `qa`; gate|up
+/// with silu·up into `qb`; down into `x` with the next layer's attention norm (after the
+/// last layer, the output norm of the wanted rows) into `qa`. Then the logits.
+fn launch_layers(
+    g: &Gpu,
+    hp: &HParams,
+    w: &DevWeights,
+    s: &mut DevScratch,
+    cells: &mut DeviceKv,
+    n_ctx: usize,
+    sh: Shape,
+) -> Result<(), NativeError> {
+    let Shape { n, m } = sh;
+    let (e, qd, ff, eps) = (hp.n_embd, hp.q_dim(), hp.n_ff, hp.rms_eps);
+    let qkv_w = qd + 2 * hp.kv_dim();
+    let none = None::<&CudaSlice<i32>>;
+    fused::rmsnorm_quantize(
+        g,
+        &s.x.slice(..n * e),
+        none,
+        n,
+        &w.layers[0].attn_norm,
+        eps,
+        &mut s.qa_q.slice_mut(..n * e),
+        &mut s.qa_d.slice_mut(..n * e / QK),
+    )
+    .map_err(op(Some(0), "attn_norm"))?;
+    let last = w.layers.len() - 1;
+    for (l, ly) in w.layers.iter().enumerate() {
+        let le = Some(l);
+        let normed = layer::Act {
+            q: s.qa_q.slice(..n * e),
+            d: s.qa_d.slice(..n * e / QK),
+            ncols: n,
+        };
+        let at = layer::Attn {
+            shape: attn_shape(hp, n_ctx, 1),
+            rope: hp.rope(hp.n_head),
+            pos: Input::Pos.of(&s.inputs, n),
+            cells: Input::Cells.of(&s.inputs, n),
+            k: &mut cells.k[l],
+            v: &mut cells.v[l],
+            chunk: CHUNK,
+            workspace: s.attn_ws.slice_mut(..),
+        };
+        layer::qkv(
+            g,
+            &ly.wqkv.bytes,
+            &normed,
+            ly.bqkv.as_ref(),
+            &mut s.qkv.slice_mut(..n * qkv_w),
+            at,
+            &mut s.qb_q.slice_mut(..n * qd),
+            &mut s.qb_d.slice_mut(..n * qd / QK),
+            &mut s.counters,
+        )
+        .map_err(op(le, "attn_qkv"))?;
+        let ffn_norm = layer::Norm {
+            w: &ly.ffn_norm,
+            eps,
+            sel: None,
+            n_out: n,
+            q: s.qa_q.slice_mut(..n * e),
+            d: s.qa_d.slice_mut(..n * e / QK),
+        };
+        let a = layer::Act {
+            q: s.qb_q.slice(..n * qd),
+            d: s.qb_d.slice(..n * qd / QK),
+            ncols: n,
+        };
+        let x = &mut s.x.slice_mut(..n * e);
+        layer::residual_norm(g, &ly.wo.bytes, e, &a, x, Some(ffn_norm), &mut s.counters)
+            .map_err(op(le, "attn_output"))?;
+        let normed = layer::Act {
+            q: s.qa_q.slice(..n * e),
+            d: s.qa_d.slice(..n * e / QK),
+            ncols: n,
+        };
+        layer::gate_up(
+            g,
+            &ly.ffn_gate_up.bytes,
+            ff,
+            &normed,
+            &mut s.gate_up.slice_mut(..n * 2 * ff),
+            &mut s.qb_q.slice_mut(..n * ff),
+            &mut s.qb_d.slice_mut(..n * ff / QK),
+        )
+        .map_err(op(le, "ffn_gate_up"))?;
+        let next = match (l < last, m > 0) {
+            (true, _) => Some(layer::Norm {
+                w: &w.layers[l + 1].attn_norm,
+                eps,
+                sel: None,
+                n_out: n,
+                q: s.qa_q.slice_mut(..n * e),
+                d: s.qa_d.slice_mut(..n * e / QK),
+            }),
+            (false, true) => Some(layer::Norm {
+                w: &w.output_norm,
+                eps,
+                sel: Some(Input::Rows.of(&s.inputs, m)),
+                n_out: m,
+                q: s.qa_q.slice_mut(..m * e),
+                d: s.qa_d.slice_mut(..m * e / QK),
+            }),
+            (false, false) => None,
+        };
+        let a = layer::Act {
+            q: s.qb_q.slice(..n * ff),
+            d: s.qb_d.slice(..n * ff / QK),
+            ncols: n,
+        };
+        let x = &mut s.x.slice_mut(..n * e);
+        layer::residual_norm(g, &ly.ffn_down.bytes, e, &a, x, next, &mut s.counters)
+            .map_err(op(le, "ffn_down"))?;
+    }
+    if m == 0 {
+        return Ok(());
+    }
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
     linear(g, output, m, s, None, Out::Logits).map_err(op(None, "output"))
 }
