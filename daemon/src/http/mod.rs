@@ -4,6 +4,7 @@
 mod conn;
 pub mod error;
 mod generate;
+pub mod responses;
 mod routes;
 mod sse;
 mod tokens;
@@ -60,6 +61,7 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/status", get(routes::status))
