@@ -209,7 +209,10 @@ fn text_is_one_message_item_opened_filled_and_closed_in_order() {
         panic!("a message")
     };
     assert_eq!(content[0].text, "Hello");
-    assert!(events.iter().skip(1).all(|e| e["item_id"] == json!(id)));
+    assert!(events[1..events.len() - 1]
+        .iter()
+        .all(|e| e["item_id"] == json!(id)));
+    assert_eq!(events[events.len() - 1]["item"]["id"], json!(id));
 }
 
 #[test]
