@@ -54,7 +54,7 @@ def codex_binary() -> Path:
 def test_codex_exec_completes_a_turn_against_the_box():
     codex = codex_binary()
     model = model_path().name.removesuffix(".gguf")
-    with running_daemon("--slots", "1", ctx=8192) as url, \
+    with running_daemon(ctx=8192) as url, \
             tempfile.TemporaryDirectory(prefix="codex-home-", dir=REPO / "out") as home, \
             tempfile.TemporaryDirectory(prefix="codex-work-") as work:
         argv = [

@@ -42,7 +42,10 @@ fn a_string_input_with_instructions_is_a_system_and_a_user_turn() {
     .expect("valid");
     assert_eq!(
         turns_of(&v),
-        [("system".into(), "be brief".into()), ("user".into(), "hi".into())]
+        [
+            ("system".into(), "be brief".into()),
+            ("user".into(), "hi".into())
+        ]
     );
     assert_eq!(v.request.max_tokens, Some(7));
     assert_eq!(v.request.sampling.temperature, 0.5);
@@ -60,21 +63,24 @@ fn leading_developer_messages_join_the_instructions_in_one_system_turn() {
     .expect("valid");
     assert_eq!(
         turns_of(&v),
-        [("system".into(), "a\n\nb".into()), ("user".into(), "c".into())]
+        [
+            ("system".into(), "a\n\nb".into()),
+            ("user".into(), "c".into())
+        ]
     );
 }
 
 #[test]
 fn a_function_call_round_trip_becomes_an_assistant_call_and_a_tool_turn() {
     let v = translate(json!({
-        "tools": [{"type": "function", "name": "get_weather", "parameters":
-                   {"type": "object", "properties": {"city": {"type": "string"}}}}],
-        "input": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-             "arguments": "{\"city\":\"Paris\"}"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-        ]}))
+    "tools": [{"type": "function", "name": "get_weather", "parameters":
+               {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]}))
     .expect("valid");
     let Input::Chat(turns) = &v.request.input else {
         panic!("chat")
@@ -103,8 +109,10 @@ fn a_named_tool_choice_forces_that_function() {
         ToolChoice::Named("f".into())
     );
     assert_eq!(
-        param_of(json!({"input": "x", "tools": [{"type": "function", "name": "f"}],
-                        "tool_choice": {"type": "function", "name": "g"}})),
+        param_of(
+            json!({"input": "x", "tools": [{"type": "function", "name": "f"}],
+                        "tool_choice": {"type": "function", "name": "g"}})
+        ),
         "tool_choice.name"
     );
 }
@@ -142,22 +150,43 @@ fn metadata_is_echoed_and_held_to_string_pairs() {
 #[test]
 fn what_a_stateless_server_cannot_do_is_refused_by_its_field() {
     let cases = [
-        (json!({"input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+        (
+            json!({"input": "x", "previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
         (json!({"input": "x", "store": true}), "store"),
         (json!({"input": "x", "background": true}), "background"),
-        (json!({"input": "x", "conversation": "conv_1"}), "conversation"),
-        (json!({"input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
-        (json!({"input": "x", "tools": [{"type": "function", "name": "f"},
+        (
+            json!({"input": "x", "conversation": "conv_1"}),
+            "conversation",
+        ),
+        (
+            json!({"input": "x", "tools": [{"type": "web_search"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"input": "x", "tools": [{"type": "function", "name": "f"},
                                         {"type": "file_search", "vector_store_ids": []}]}),
-         "tools[1].type"),
-        (json!({"input": [{"role": "user", "content": [
+            "tools[1].type",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x/y.png"}]}]}),
-         "input[0].content[0].type"),
-        (json!({"input": [{"type": "function_call_output", "call_id": "c",
+            "input[0].content[0].type",
+        ),
+        (
+            json!({"input": [{"type": "function_call_output", "call_id": "c",
                            "output": [{"type": "input_file", "file_id": "f"}]}]}),
-         "input[0].output[0].type"),
-        (json!({"input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0].type"),
-        (json!({"input": "x", "include": ["message.output_text.logprobs"]}), "include"),
+            "input[0].output[0].type",
+        ),
+        (
+            json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
+            "input[0].type",
+        ),
+        (
+            json!({"input": "x", "include": ["message.output_text.logprobs"]}),
+            "include",
+        ),
         (json!({}), "input"),
     ];
     for (body, param) in cases {
@@ -167,12 +196,14 @@ fn what_a_stateless_server_cannot_do_is_refused_by_its_field() {
 
 #[test]
 fn what_codex_sends_beside_its_input_is_accepted() {
-    let v = translate(json!({"model": "m", "input": "x", "stream": true, "store": false,
+    let v = translate(
+        json!({"model": "m", "input": "x", "stream": true, "store": false,
         "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "k", "parallel_tool_calls": true, "tool_choice": "auto",
         "client_metadata": {"a": "b"},
         "tools": [{"type": "function", "name": "exec_command", "strict": false,
-                   "parameters": {"type": "object", "properties": {}}}]}))
+                   "parameters": {"type": "object", "properties": {}}}]}),
+    )
     .expect("valid");
     assert!(v.request.stream);
     assert_eq!(v.request.model.as_deref(), Some("m"));
@@ -228,7 +259,10 @@ fn a_call_is_a_function_call_item_with_argument_deltas() {
     let items = out.finish(false);
     let events = out.take_events();
     let k = kinds(&events);
-    assert_eq!(k.first().map(String::as_str), Some("response.output_item.added"));
+    assert_eq!(
+        k.first().map(String::as_str),
+        Some("response.output_item.added")
+    );
     assert!(k[1..k.len() - 2]
         .iter()
         .all(|e| e == "response.function_call_arguments.delta"));
@@ -251,7 +285,10 @@ fn a_call_is_a_function_call_item_with_argument_deltas() {
     assert_eq!(name, "get_weather");
     assert_eq!(arguments, r#"{"city": "Paris"}"#);
     assert!(call_id.starts_with("call_"));
-    assert_eq!(events[events.len() - 2]["arguments"], r#"{"city": "Paris"}"#);
+    assert_eq!(
+        events[events.len() - 2]["arguments"],
+        r#"{"city": "Paris"}"#
+    );
 }
 
 #[test]
@@ -333,7 +370,10 @@ fn a_stream_cut_by_the_token_limit_ends_incomplete() {
     let last = events_of(&f.closing(FinishReason::Length, Usage::default(), Timings::default()));
     let end = last.last().expect("an end event");
     assert_eq!(end["type"], "response.incomplete");
-    assert_eq!(end["response"]["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(
+        end["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
 }
 
 #[test]

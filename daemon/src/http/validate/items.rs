@@ -78,7 +78,12 @@ fn add_item(turns: &mut Vec<ChatTurn>, at: &str, item: &Value) -> Result<(), Inv
     let kind = match item.get("type") {
         None | Some(Value::Null) => "message",
         Some(Value::String(k)) => k.as_str(),
-        Some(_) => return Err(InvalidRequest::field(&format!("{at}.type"), "must be a string")),
+        Some(_) => {
+            return Err(InvalidRequest::field(
+                &format!("{at}.type"),
+                "must be a string",
+            ))
+        }
     };
     match kind {
         "message" => message(turns, at, item),

@@ -109,19 +109,31 @@ fn refuse_stateful(req: &ResponsesRequest) -> Result<(), InvalidRequest> {
             "conversations are not stored; send the whole conversation in `input`",
         ));
     }
-    if req.store.as_ref().is_some_and(|s| s.as_bool() == Some(true)) {
+    if req
+        .store
+        .as_ref()
+        .is_some_and(|s| s.as_bool() == Some(true))
+    {
         return Err(unsupported(
             "store",
             "responses are never stored; send `store: false` or leave it out",
         ));
     }
-    if let Some(s) = req.store.as_ref().filter(|s| !s.is_null() && !s.is_boolean()) {
+    if let Some(s) = req
+        .store
+        .as_ref()
+        .filter(|s| !s.is_null() && !s.is_boolean())
+    {
         return Err(InvalidRequest::field(
             "store",
             format!("must be a boolean (got {s})"),
         ));
     }
-    if req.background.as_ref().is_some_and(|b| b.as_bool() != Some(false) && !b.is_null()) {
+    if req
+        .background
+        .as_ref()
+        .is_some_and(|b| b.as_bool() != Some(false) && !b.is_null())
+    {
         return Err(unsupported(
             "background",
             "background responses need storage; leave it out and wait for the answer",
@@ -141,7 +153,9 @@ fn refuse_stateful(req: &ResponsesRequest) -> Result<(), InvalidRequest> {
         {
             return Err(unsupported(
                 "include",
-                &format!("{other} cannot be included; only `reasoning.encrypted_content` is accepted"),
+                &format!(
+                    "{other} cannot be included; only `reasoning.encrypted_content` is accepted"
+                ),
             ));
         }
     }
@@ -158,10 +172,16 @@ fn refuse_stateful(req: &ResponsesRequest) -> Result<(), InvalidRequest> {
         .as_ref()
         .is_some_and(|v| !v.is_null() && v.as_u64() != Some(0))
     {
-        return Err(unsupported("top_logprobs", "log-probabilities on responses"));
+        return Err(unsupported(
+            "top_logprobs",
+            "log-probabilities on responses",
+        ));
     }
     if given(&req.max_tool_calls) {
-        return Err(unsupported("max_tool_calls", "a limit on built-in tool calls"));
+        return Err(unsupported(
+            "max_tool_calls",
+            "a limit on built-in tool calls",
+        ));
     }
     if let Some(t) = req.service_tier.as_ref().filter(|t| !t.is_null()) {
         if !matches!(t.as_str(), Some("auto" | "default")) {
@@ -204,7 +224,9 @@ fn tool_use(
                 ))
             }
         }
-        if t.get("strict").is_some_and(|s| !s.is_null() && !s.is_boolean()) {
+        if t.get("strict")
+            .is_some_and(|s| !s.is_null() && !s.is_boolean())
+        {
             return Err(InvalidRequest::field(
                 &format!("tools[{i}].strict"),
                 "must be a boolean",
@@ -232,9 +254,10 @@ fn tool_use(
         },
         Some(obj) => match obj.get("type").and_then(Value::as_str) {
             Some("function") => {
-                let name = obj.get("name").and_then(Value::as_str).ok_or_else(|| {
-                    InvalidRequest::field("tool_choice.name", "is required")
-                })?;
+                let name = obj
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| InvalidRequest::field("tool_choice.name", "is required"))?;
                 if !parsed.iter().any(|t| t.name == name) {
                     return Err(InvalidRequest::field(
                         "tool_choice.name",

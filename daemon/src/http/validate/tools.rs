@@ -77,7 +77,11 @@ pub(super) fn function(at: &str, f: &Value) -> Result<Tool, InvalidRequest> {
 }
 
 /// Adds a tool unless its name is taken; `param` names its `name` field.
-pub(super) fn push_tool(parsed: &mut Vec<Tool>, tool: Tool, param: &str) -> Result<(), InvalidRequest> {
+pub(super) fn push_tool(
+    parsed: &mut Vec<Tool>,
+    tool: Tool,
+    param: &str,
+) -> Result<(), InvalidRequest> {
     if parsed.iter().any(|p| p.name == tool.name) {
         return Err(InvalidRequest::field(
             param,

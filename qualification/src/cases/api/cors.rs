@@ -8,9 +8,7 @@ use crate::target::Target;
 
 use super::*;
 
-fn cors_daemon(
-    c: &crate::ctx::Ctx,
-) -> Result<(Target, std::sync::Arc<crate::ctx::Fixture>), Stop> {
+fn cors_daemon(c: &crate::ctx::Ctx) -> Result<(Target, std::sync::Arc<crate::ctx::Fixture>), Stop> {
     let fx = c.fixture("cors")?;
     Ok((fx.target(), fx))
 }
@@ -43,7 +41,10 @@ pub(super) fn register(r: &mut Registry) {
                 Request::new("OPTIONS", "/v1/chat/completions")
                     .header("Origin", CORS_ORIGIN)
                     .header("Access-Control-Request-Method", "POST")
-                    .header("Access-Control-Request-Headers", "authorization,content-type"),
+                    .header(
+                        "Access-Control-Request-Headers",
+                        "authorization,content-type",
+                    ),
             )?;
             ev.text("response", &resp.describe());
             ensure_eq!("status", resp.status(), 204);
@@ -52,7 +53,9 @@ pub(super) fn register(r: &mut Registry) {
                 resp.header("access-control-allow-origin"),
                 Some(CORS_ORIGIN)
             );
-            let methods = resp.header("access-control-allow-methods").unwrap_or_default();
+            let methods = resp
+                .header("access-control-allow-methods")
+                .unwrap_or_default();
             ensure!(
                 methods.split(',').any(|m| m.trim() == "POST"),
                 "Allow-Methods lists POST",
@@ -161,8 +164,16 @@ pub(super) fn register(r: &mut Registry) {
             ensure_eq!("GET /models", alias, list);
             for (path, body, object) in [
                 ("/chat/completions", chat_body("Hi", 2), "chat.completion"),
-                ("/completions", json!({"prompt": "Hello", "max_tokens": 2}), "text_completion"),
-                ("/responses", json!({"input": "Hi", "max_output_tokens": 2}), "response"),
+                (
+                    "/completions",
+                    json!({"prompt": "Hello", "max_tokens": 2}),
+                    "text_completion",
+                ),
+                (
+                    "/responses",
+                    json!({"input": "Hi", "max_output_tokens": 2}),
+                    "response",
+                ),
             ] {
                 let resp = c.target.post(path, &body)?;
                 ev.text(path, &crate::case::snippet(&resp.describe(), 800));

@@ -66,10 +66,18 @@ pub(super) fn register(r: &mut Registry) {
             ensure_eq!("output[0].type", out[0]["type"], json!("message"));
             ensure_eq!("output[0].role", out[0]["role"], json!("assistant"));
             let text = output_text(&v);
-            ensure!(!text.trim().is_empty(), "non-empty output_text", v.to_string());
+            ensure!(
+                !text.trim().is_empty(),
+                "non-empty output_text",
+                v.to_string()
+            );
             let u = &v["usage"];
             let (i, o) = (u64_at(u, "/input_tokens")?, u64_at(u, "/output_tokens")?);
-            ensure!(i > 0 && (1..=12).contains(&o), "input > 0, output 1..=12", u.to_string());
+            ensure!(
+                i > 0 && (1..=12).contains(&o),
+                "input > 0, output 1..=12",
+                u.to_string()
+            );
             ensure_eq!("total_tokens", u64_at(u, "/total_tokens")?, i + o);
             ensure!(
                 u["input_tokens_details"]["cached_tokens"].is_u64(),

@@ -12,7 +12,10 @@ pub(super) fn register(r: &mut Registry) {
             "input.type.frequency_penalty_string",
             "What needs stored state is refused on /v1/responses",
             vec![
-                (json!({"previous_response_id": "resp_123"}), "previous_response_id"),
+                (
+                    json!({"previous_response_id": "resp_123"}),
+                    "previous_response_id",
+                ),
                 (json!({"store": true}), "store"),
                 (json!({"background": true}), "background"),
             ],

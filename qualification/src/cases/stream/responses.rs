@@ -97,7 +97,11 @@ pub(super) fn register(r: &mut Registry) {
                 events[0].1["response"]["status"],
                 json!("in_progress")
             );
-            Ok(format!("{n} events, {} deltas, ending {}", n - 8, kinds[n - 1]))
+            Ok(format!(
+                "{n} events, {} deltas, ending {}",
+                n - 8,
+                kinds[n - 1]
+            ))
         },
     );
     r.add(
@@ -109,7 +113,11 @@ pub(super) fn register(r: &mut Registry) {
         |c, ev| {
             let events = response_events(c, ev)?;
             for (i, (k, v)) in events.iter().enumerate() {
-                ensure_eq!(format!("{k} sequence_number"), v["sequence_number"], json!(i));
+                ensure_eq!(
+                    format!("{k} sequence_number"),
+                    v["sequence_number"],
+                    json!(i)
+                );
             }
             let deltas: String = events
                 .iter()
@@ -134,7 +142,9 @@ pub(super) fn register(r: &mut Registry) {
                 .collect();
             ensure_eq!("distinct item ids", ids.len(), 1);
             ensure!(
-                last["usage"]["output_tokens"].as_u64().is_some_and(|n| n > 0),
+                last["usage"]["output_tokens"]
+                    .as_u64()
+                    .is_some_and(|n| n > 0),
                 "usage on the final response",
                 last["usage"].to_string()
             );
