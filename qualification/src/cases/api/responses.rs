@@ -139,11 +139,19 @@ pub(super) fn register(r: &mut Registry) {
             let v2 = json_200(&resp, "POST /v1/responses with the call's output")?;
             let text = output_text(&v2);
             ensure!(!text.trim().is_empty(), "an answer message", v2.to_string());
-            let (i1, i2) = (
-                u64_at(&v, "/usage/input_tokens")?,
+            let mut alone = responses_body(json!([question]), 1);
+            alone["tools"] = json!([tool]);
+            alone["tool_choice"] = json!("none");
+            let v0 = c.target.post_ok(RESPONSES, &alone)?;
+            let (i0, i2) = (
+                u64_at(&v0, "/usage/input_tokens")?,
                 u64_at(&v2, "/usage/input_tokens")?,
             );
-            ensure!(i2 > i1, "the call and its output reach the prompt", format!("{i1} then {i2} input tokens"));
+            ensure!(
+                i2 > i0 + 10,
+                "the call and its output reach the prompt",
+                format!("{i0} input tokens without them, {i2} with")
+            );
             Ok(format!("called get_weather({args}), then answered {text:?}"))
         },
     );
