@@ -26,8 +26,7 @@ pub(super) fn allowed(origins: &[String], origin: &str) -> Option<HeaderValue> {
     }
     let lower = origin.to_ascii_lowercase();
     origins
-        .iter()
-        .any(|o| *o == lower)
+        .contains(&lower)
         .then(|| HeaderValue::from_str(origin).ok())
         .flatten()
 }

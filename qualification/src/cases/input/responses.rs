@@ -6,8 +6,11 @@ use super::*;
 
 const RESPONSES: &str = "/v1/responses";
 
+/// A case: its id, its title, and the requests it sends with the field each must name.
+type Row = (&'static str, &'static str, Vec<(Value, &'static str)>);
+
 pub(super) fn register(r: &mut Registry) {
-    let rows: [(&str, &str, Vec<(Value, &str)>); 3] = [
+    let rows: [Row; 3] = [
         (
             "input.type.frequency_penalty_string",
             "What needs stored state is refused on /v1/responses",
