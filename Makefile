@@ -42,7 +42,8 @@ help:
 	@echo "  model-q8 $(MODEL_Q8), quantized from $(MODEL) by inferloopd quantize"
 	@echo "  golden   llama.cpp vs the native forward pass on $(MODEL_Q8), bench/golden-prompts.txt -> out/golden.json"
 	@echo "  build    cargo build --release"
-	@echo "  pytest   Python tests with the official openai client (in $(VENV))"
+	@echo "  pytest   Python tests with the official openai client (in $(VENV)) and the Codex CLI"
+	@echo "  codex-cli  install the pinned Codex CLI from npm into $(CODEX_DIR) (pytest does it too)"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
@@ -126,8 +127,22 @@ $(VENV)/.installed: tests/python/requirements.txt
 
 venv: $(VENV)/.installed
 
+# The Codex CLI (a self-contained binary from npm) for tests/python/test_codex_cli.py, a
+# real client that speaks only the Responses API. pytest tries to install it; where npm or
+# its registry is out of reach that test skips and says why.
+CODEX_VERSION := 0.169.0
+CODEX_DIR     ?= out/codex
+CODEX_BIN     := $(CODEX_DIR)/node_modules/.bin/codex
+
+.PHONY: codex-cli
+codex-cli: $(CODEX_BIN)
+
+$(CODEX_BIN):
+	npm install --no-audit --no-fund --prefix $(CODEX_DIR) @openai/codex@$(CODEX_VERSION)
+
 pytest: $(VENV)/.installed model build
-	INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q tests/python
+	-$(MAKE) --no-print-directory codex-cli
+	CODEX_BIN=$(abspath $(CODEX_BIN)) INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q -rs tests/python
 
 bench: $(VENV)/.installed model build model-q8
 	cargo build --release $(LOCKED) -p inferloopd --example raw_decode

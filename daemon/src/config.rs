@@ -69,6 +69,8 @@ pub struct ServeConfig {
     /// without a GPU, `cuda` refuses ([`crate::engine::select::select`]).
     pub cpu_fallback: Option<bool>,
     pub api_key: Option<String>,
+    /// Browser origins answered with CORS headers (`--cors-origin`); `*` allows any.
+    pub cors_origins: Vec<String>,
     pub queue_timeout: Duration,
     pub shutdown_timeout: Duration,
     pub max_body_bytes: usize,
@@ -140,6 +142,12 @@ impl ServeConfig {
             return Err(invalid("max_body_bytes", "must be at least 1024"));
         }
         let api_key = check_api_key(l.api_key)?;
+        let cors_origins = l
+            .cors_origin
+            .unwrap_or_default()
+            .into_iter()
+            .map(check_origin)
+            .collect::<Result<Vec<_>, _>>()?;
         let host = l.host.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         if !host.is_loopback() && api_key.is_none() && !l.insecure_no_auth.unwrap_or(false) {
             return Err(ConfigError::UnauthenticatedBind { host });
@@ -193,6 +201,7 @@ impl ServeConfig {
             device: l.device.unwrap_or_default(),
             cpu_fallback: l.cpu_fallback,
             api_key,
+            cors_origins,
             queue_timeout,
             shutdown_timeout,
             max_body_bytes,
@@ -260,4 +269,31 @@ fn check_api_key(key: Option<String>) -> Result<Option<String>, ConfigError> {
              authenticate with it"
         ),
     })
+}
+
+/// A CORS origin as browsers send it: `*`, or `scheme://host[:port]` with an http(s)
+/// scheme and nothing after the authority. Lowercased, as browsers serialize it.
+fn check_origin(origin: String) -> Result<String, ConfigError> {
+    let o = origin.trim().to_ascii_lowercase();
+    if o == "*" {
+        return Ok(o);
+    }
+    let authority = o
+        .strip_prefix("http://")
+        .or_else(|| o.strip_prefix("https://"));
+    let ok = authority.is_some_and(|a| {
+        !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+    });
+    if !ok {
+        return Err(ConfigError::Invalid {
+            field: "cors_origin",
+            message: format!(
+                "`{origin}` is not an origin: write `*` or `http(s)://host[:port]`, with no \
+                 path or trailing slash"
+            ),
+        });
+    }
+    Ok(o)
 }

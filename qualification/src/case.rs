@@ -83,11 +83,11 @@ impl Group {
     /// One line on what the group covers, for the report.
     pub fn covers(self) -> &'static str {
         match self {
-            Group::Api => "routes, methods, headers, content types, ids, created, object fields, models list",
+            Group::Api => "routes, methods, headers, content types, ids, created, object fields, models list, the Responses API, CORS, unversioned aliases",
             Group::Chat => "templates, roles, determinism, seeds, sampling, penalties, stops, max_tokens, usage, timings",
-            Group::Stream => "SSE framing, role first, constant id, finish_reason, usage chunk, [DONE], stream == non-stream, errors before the first chunk",
+            Group::Stream => "SSE framing, role first, constant id, finish_reason, usage chunk, [DONE], stream == non-stream, errors before the first chunk, the Responses API's typed events",
             Group::Completions => "the legacy endpoint: fields, echo, stops, streaming",
-            Group::Input => "malformed JSON, wrong types, out-of-range values, bad UTF-8, oversized bodies, context overflow, unknown model, auth, slow clients",
+            Group::Input => "malformed JSON, wrong types, out-of-range values, bad UTF-8, oversized bodies, context overflow, unknown model, auth, slow clients, what a stateless Responses API refuses",
             Group::Load => "parallel streams, fan-out across slots, queue overflow 429, queue timeout 503, cancellation, metrics back to zero",
             Group::Memory => "check accounting, reverse and forward cgroup gates, runtime KV admission",
             Group::Integrity => "manifest match, mismatch exit 3, missing weights, unknown fields",

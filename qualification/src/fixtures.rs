@@ -9,6 +9,8 @@ use crate::daemon::SpawnCfg;
 
 /// The API key of the `strict` daemon.
 pub const KEY: &str = "qual-secret-key";
+/// The browser origin the `cors` daemon allows.
+pub const CORS_ORIGIN: &str = "http://page.qual.lan:8000";
 /// Thermal thresholds of the `thermal` daemon (°C).
 pub const HOT_C: f64 = 70.0;
 pub const CRITICAL_C: f64 = 90.0;
@@ -42,6 +44,20 @@ pub fn spec(name: &str) -> Spec {
                 "256",
             ],
             &[],
+        ),
+        // Auth on and one allowed browser origin: CORS and the unversioned aliases.
+        "cors" => (
+            vec![
+                "--api-key",
+                KEY,
+                "--cors-origin",
+                CORS_ORIGIN,
+                "--slots",
+                "1",
+                "--ctx",
+                "512",
+            ],
+            &["--cors-origin"],
         ),
         // A tiny context, so inputs at the limit are cheap to generate.
         "small" => (vec!["--slots", "2", "--ctx", "128"], &[]),

@@ -29,6 +29,7 @@ impl ServeLayer {
             device: other.device.or(self.device),
             cpu_fallback: other.cpu_fallback.or(self.cpu_fallback),
             api_key: other.api_key.or(self.api_key),
+            cors_origin: other.cors_origin.or(self.cors_origin),
             insecure_no_auth: other.insecure_no_auth.or(self.insecure_no_auth),
             queue_timeout_ms: other.queue_timeout_ms.or(self.queue_timeout_ms),
             shutdown_timeout_secs: other.shutdown_timeout_secs.or(self.shutdown_timeout_secs),
@@ -91,6 +92,12 @@ impl ServeLayer {
             device: parse(&get, "INFERLOOP_DEVICE")?,
             cpu_fallback: parse(&get, "INFERLOOP_CPU_FALLBACK")?,
             api_key: get("INFERLOOP_API_KEY"),
+            cors_origin: get("INFERLOOP_CORS_ORIGIN").map(|v| {
+                v.split(',')
+                    .map(|o| o.trim().to_string())
+                    .filter(|o| !o.is_empty())
+                    .collect()
+            }),
             insecure_no_auth: parse(&get, "INFERLOOP_INSECURE_NO_AUTH")?,
             queue_timeout_ms: parse(&get, "INFERLOOP_QUEUE_TIMEOUT_MS")?,
             shutdown_timeout_secs: parse(&get, "INFERLOOP_SHUTDOWN_TIMEOUT")?,

@@ -55,6 +55,12 @@ pub struct ServeLayer {
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// A browser origin (`http://host:port`, or `*` for any) allowed to call the API:
+    /// answered with CORS headers. Repeatable; default none. Env `INFERLOOP_CORS_ORIGIN`
+    /// takes a comma-separated list; the file key `cors_origin` an array.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    #[serde(alias = "cors_origins")]
+    pub cors_origin: Option<Vec<String>>,
     /// Allow binding a non-loopback address without an API key.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub insecure_no_auth: Option<bool>,

@@ -633,3 +633,51 @@ fn cpu_fallback_comes_from_the_file_the_environment_or_a_bare_flag() {
     let cfg = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
     assert_eq!(cfg.cpu_fallback, None, "unset: the device decides");
 }
+
+#[test]
+fn cors_origins_come_from_every_layer_and_the_flag_wins() {
+    let none = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
+    assert!(none.cors_origins.is_empty());
+    let from_file = ServeConfig::resolve(
+        Some(file("cors_origin = [\"http://a.lan:3000\", \"*\"]\n")),
+        ServeLayer::default(),
+        env(&[]),
+    )
+    .expect("valid");
+    assert_eq!(from_file.cors_origins, ["http://a.lan:3000", "*"]);
+    let from_env = ServeConfig::resolve(
+        Some(file("cors_origin = [\"http://a.lan\"]\n")),
+        ServeLayer::default(),
+        env(&[("INFERLOOP_CORS_ORIGIN", "http://B.lan, https://c.lan:8443")]),
+    )
+    .expect("valid");
+    assert_eq!(
+        from_env.cors_origins,
+        ["http://b.lan", "https://c.lan:8443"]
+    );
+    let flags = ServeLayer {
+        cors_origin: Some(vec!["http://d.lan".into()]),
+        ..ServeLayer::default()
+    };
+    let from_flag = ServeConfig::resolve(
+        None,
+        flags,
+        env(&[("INFERLOOP_CORS_ORIGIN", "http://b.lan")]),
+    )
+    .expect("valid");
+    assert_eq!(from_flag.cors_origins, ["http://d.lan"]);
+}
+
+#[test]
+fn a_cors_origin_with_a_path_or_no_scheme_is_refused() {
+    for bad in ["http://a.lan/", "a.lan", "ftp://a.lan", "http://a.lan/page"] {
+        let flags = ServeLayer {
+            cors_origin: Some(vec![bad.into()]),
+            ..ServeLayer::default()
+        };
+        match ServeConfig::resolve(None, flags, env(&[])) {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "cors_origin", "{bad}"),
+            other => panic!("{bad}: expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -85,12 +85,50 @@ async fn run(state: AppState, req: ValidRequest, shape: Shape, received_at: Inst
     }
 }
 
-async fn start(
+/// The request fields an error before generation names: they differ by route.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fields {
+    /// The input that holds the prompt (context errors).
+    pub prompt: &'static str,
+    /// Where a grammar came from when no tool forced it.
+    pub format: &'static str,
+    /// Where a JSON schema that cannot be compiled came from.
+    pub schema: &'static str,
+}
+
+impl Fields {
+    fn of(shape: Shape) -> Self {
+        Fields {
+            prompt: shape.prompt_param(),
+            format: "response_format",
+            schema: "response_format.json_schema.schema",
+        }
+    }
+}
+
+/// A request the engine accepted: its events, and what answering them needs.
+pub(super) struct Submitted {
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    pub model_id: String,
+    /// The rendered prompt (completions' `echo`).
+    pub prompt_text: String,
+    /// The form tool calls are parsed in, when the request offered tools.
+    pub tools: Option<Format>,
+    pub logprobs: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+    pub stream: bool,
+}
+
+/// The one request lifecycle every generation route shares: model check, vocabulary,
+/// grammar, prompt, context, then the engine's queue (admission, cancellation, prefix
+/// reuse and metrics all live behind [`Engine::submit`]).
+pub(super) async fn submit(
     state: &AppState,
     req: ValidRequest,
-    shape: Shape,
+    fields: Fields,
     received_at: Instant,
-) -> Result<Response, ApiError> {
+) -> Result<Submitted, ApiError> {
     let engine = state.engine()?;
     let model_id = engine.model().info().id.clone();
     if let Some(m) = req.model.as_deref() {
@@ -108,7 +146,7 @@ async fn start(
         let param = if req.tools.is_some() {
             "tool_choice"
         } else {
-            "response_format"
+            fields.format
         };
         let what = format!("`{param}`");
         if let Some(why) = engine
@@ -119,7 +157,12 @@ async fn start(
         }
     }
     if let Some(grammar) = req.grammar.take() {
-        req.sampling.constraint = Some(compile(&engine, grammar, req.tools.is_some()).await?);
+        let param = if req.tools.is_some() {
+            "tools"
+        } else {
+            fields.schema
+        };
+        req.sampling.constraint = Some(compile(&engine, grammar, param).await?);
     }
     let logprobs = req.sampling.logprobs.is_some();
     let ctx = engine.plan().ctx;
@@ -128,17 +171,17 @@ async fn start(
         req.input.clone(),
         req.tools.clone(),
         req.parse_special,
-        shape,
+        fields.prompt,
     )
     .await?;
     if tokens.is_empty() {
-        return Err(ApiError::invalid("prompt", "tokenizes to nothing"));
+        return Err(ApiError::invalid(fields.prompt, "tokenizes to nothing"));
     }
     let room = (ctx as usize).saturating_sub(tokens.len()) as u32;
     let max_tokens = req.max_tokens.unwrap_or(room);
     if room == 0 || max_tokens > room {
         return Err(ApiError::context_length_exceeded(
-            shape.prompt_param(),
+            fields.prompt,
             ctx,
             tokens.len(),
             max_tokens.max(1),
@@ -153,36 +196,61 @@ async fn start(
             received_at,
         })
         .await?;
-    let (prefix, object) = match shape {
-        Shape::Chat => ("chatcmpl", "chat.completion"),
-        Shape::Completion => ("cmpl", "text_completion"),
-    };
-    let id = format!(
-        "{prefix}-{}",
+    Ok(Submitted {
+        events,
+        model_id,
+        prompt_text,
+        tools: req.tools.is_some().then_some(tool_format),
+        logprobs,
+        include_usage: req.include_usage,
+        echo: req.echo,
+        stream: req.stream,
+    })
+}
+
+/// A fresh id after OpenAI's prefix (`chatcmpl-`, `resp_`, `msg_`, ...).
+pub(super) fn new_id(prefix: &str) -> String {
+    format!(
+        "{prefix}{}",
         Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
-    );
-    let created = SystemTime::now()
+    )
+}
+
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let echo = (req.echo && shape == Shape::Completion).then_some(prompt_text);
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn start(
+    state: &AppState,
+    req: ValidRequest,
+    shape: Shape,
+    received_at: Instant,
+) -> Result<Response, ApiError> {
+    let sub = submit(state, req, Fields::of(shape), received_at).await?;
+    let (prefix, object) = match shape {
+        Shape::Chat => ("chatcmpl-", "chat.completion"),
+        Shape::Completion => ("cmpl-", "text_completion"),
+    };
+    let id = new_id(prefix);
+    let created = unix_now();
+    let echo = (sub.echo && shape == Shape::Completion).then_some(sub.prompt_text);
     let cancel = state.cancel.clone();
-    let tools = req.tools.is_some().then_some(tool_format);
-    if req.stream {
-        stream(
-            events,
-            cancel,
-            Framer {
-                shape,
-                id,
-                created,
-                model: model_id,
-                include_usage: req.include_usage,
-                text_offset: 0,
-                tools: tools.map(sse::ToolFramer::new),
-            },
-            echo,
-        )
-        .await
+    let (tools, model_id, logprobs, events) = (sub.tools, sub.model_id, sub.logprobs, sub.events);
+    if sub.stream {
+        let framer = Framer {
+            shape,
+            id,
+            created,
+            model: model_id,
+            include_usage: sub.include_usage,
+            text_offset: 0,
+            tools: tools.map(sse::ToolFramer::new),
+        };
+        let opening = framer.opening(echo.as_deref());
+        stream(events, cancel, framer, opening).await
     } else {
         let answer = async move {
             tokio::select! {
@@ -202,14 +270,9 @@ async fn start(
 async fn compile(
     engine: &Engine,
     grammar: Grammar,
-    from_tools: bool,
+    param: &'static str,
 ) -> Result<Constraint, ApiError> {
     let model = engine.model().clone();
-    let param = if from_tools {
-        "tools"
-    } else {
-        "response_format.json_schema.schema"
-    };
     tokio::task::spawn_blocking(move || model.compile_grammar(&grammar))
         .await
         .map_err(|e| ApiError::internal(format!("grammar task failed: {e}")))?
@@ -224,13 +287,12 @@ async fn tokenize(
     input: Input,
     tools: Option<ToolUse>,
     parse_special: bool,
-    shape: Shape,
+    param: &'static str,
 ) -> Result<(String, Vec<i32>), ApiError> {
     let model = engine.model().clone();
     let ctx = engine.plan().ctx;
     let bounds = model.prompt_bounds();
     let limit = Limit::for_context(ctx);
-    let param = shape.prompt_param();
     let too_long = move |e: PromptError| {
         if e.is_too_long() {
             ApiError::prompt_too_long(param, e.to_string())
@@ -282,11 +344,12 @@ impl Drop for SetOnDrop {
 }
 
 /// Waits for a slot before sending headers, so queue errors (503) keep their status code.
-async fn stream(
+/// `opening` goes first (chat's role chunk, a response's `response.created`).
+pub(super) async fn stream(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     cancel: tokio::sync::watch::Receiver<bool>,
-    framer: Framer,
-    echo: Option<String>,
+    framer: impl sse::Frames,
+    opening: Option<Bytes>,
 ) -> Result<Response, ApiError> {
     let peer = super::conn::Peer::current();
     let read_closed = async {
@@ -310,14 +373,13 @@ async fn stream(
         }
         () = read_closed => super::conn::PROBE_EVERY,
     };
-    let opening = framer.opening(echo.as_deref());
     Ok(sse::response(sse::events_to_body(
         framer, opening, events, cancel, keepalive,
     )))
 }
 
 /// Resolves once shutdown cancels in-flight requests (never, if the sender is kept).
-async fn wait_cancelled(mut cancel: tokio::sync::watch::Receiver<bool>) {
+pub(super) async fn wait_cancelled(mut cancel: tokio::sync::watch::Receiver<bool>) {
     if cancel.wait_for(|c| *c).await.is_err() {
         std::future::pending::<()>().await;
     }

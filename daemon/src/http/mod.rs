@@ -2,8 +2,10 @@
 //! status codes; it hands validated, tokenized work to the [`Engine`](crate::engine::Engine).
 
 mod conn;
+mod cors;
 pub mod error;
 mod generate;
+pub mod responses;
 mod routes;
 mod sse;
 mod tokens;
@@ -60,6 +62,14 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
+        .route("/v1/responses", post(responses::responses))
+        // Unversioned aliases, as llama-server and vLLM accept them: same auth, same
+        // handlers.
+        .route("/chat/completions", post(generate::chat))
+        .route("/completions", post(generate::completion))
+        .route("/responses", post(responses::responses))
+        .route("/models", get(routes::models))
+        .route("/models/{id}", get(routes::model))
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/status", get(routes::status))
@@ -81,6 +91,9 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             count_requests,
         ))
+        // Outermost: a preflight is answered before auth and routing, and every answer
+        // (errors included) carries the CORS headers.
+        .layer(middleware::from_fn_with_state(state.clone(), cors::cors))
         .with_state(state)
 }
 
@@ -105,11 +118,21 @@ async fn method_not_allowed(State(state): State<AppState>, req: Request) -> ApiE
 /// that did).
 fn v1_auth(state: &AppState, req: &Request) -> Result<(), ApiError> {
     let path = req.uri().path();
-    if path == "/v1" || path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize") {
+    if path == "/v1" || path.starts_with("/v1/") || is_unversioned_api(path) {
         check_api_key(state, req.headers())
     } else {
         Ok(())
     }
+}
+
+/// The API paths outside `/v1` that share its key: the unversioned aliases and the
+/// tokenizer routes.
+fn is_unversioned_api(path: &str) -> bool {
+    matches!(
+        path,
+        "/tokenize" | "/detokenize" | "/chat/completions" | "/completions" | "/responses"
+    ) || path == "/models"
+        || path.starts_with("/models/")
 }
 
 /// `Authorization: Bearer KEY` on /v1 routes (and /tokenize, /detokenize) when a key is

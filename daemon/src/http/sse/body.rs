@@ -13,18 +13,43 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
 use super::framer::{error_frame, Framer};
-use crate::engine::{EngineError, Event};
+use crate::engine::{EngineError, Event, FinishReason, Timings, TokenLogprob, Usage};
 use crate::http::error::ApiError;
 
 /// A comment line sent when nothing else was, so proxies and clients keep the stream open
 /// through a long queue wait or prefill.
 pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 
+/// How one route frames a stream: the chat and completions chunks ([`Framer`]), or the
+/// Responses API's typed events.
+pub trait Frames: Send + 'static {
+    /// Text that can go out now (empty when nothing is ready to send).
+    fn text(&mut self, text: &str, logprobs: &[TokenLogprob]) -> Bytes;
+    /// The end of a stream that finished.
+    fn closing(&mut self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes;
+    /// The end of a stream that failed.
+    fn failure(&mut self, e: &ApiError) -> Bytes;
+}
+
+impl Frames for Framer {
+    fn text(&mut self, text: &str, logprobs: &[TokenLogprob]) -> Bytes {
+        Framer::text(self, text, logprobs)
+    }
+
+    fn closing(&mut self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
+        Framer::closing(self, reason, usage, timings)
+    }
+
+    fn failure(&mut self, e: &ApiError) -> Bytes {
+        error_frame(e)
+    }
+}
+
 /// Turns the engine's events into the SSE body. Dropping the body (client gone) drops the
 /// receiver, which the decode thread sees after its current step. `cancel` ends the stream
 /// with a `shutting_down` error frame at once when shutdown gives up on it.
-pub fn events_to_body(
-    framer: Framer,
+pub fn events_to_body<F: Frames>(
+    framer: F,
     opening: Option<Bytes>,
     events: UnboundedReceiver<Event>,
     cancel: watch::Receiver<bool>,
@@ -32,14 +57,14 @@ pub fn events_to_body(
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let rest = stream::unfold(Some((events, framer, cancel)), move |state| async move {
         let (mut events, mut framer, mut cancel) = state?;
-        let shutting_down = || {
+        let shutting_down = |framer: &mut F| {
             let e: ApiError = EngineError::ShuttingDown.into();
-            error_frame(&e)
+            framer.failure(&e)
         };
         loop {
             let next = tokio::select! {
                 biased;
-                _ = cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
+                _ = cancel.wait_for(|c| *c) => return Some((shutting_down(&mut framer), None)),
                 next = tokio::time::timeout(keepalive, events.recv()) => next,
             };
             let bytes = match next {
@@ -58,8 +83,8 @@ pub fn events_to_body(
                     usage,
                     timings,
                 })) => return Some((framer.closing(reason, usage, timings), None)),
-                Ok(Some(Event::Failed(e))) => return Some((error_frame(&e.into()), None)),
-                Ok(None) => return Some((shutting_down(), None)),
+                Ok(Some(Event::Failed(e))) => return Some((framer.failure(&e.into()), None)),
+                Ok(None) => return Some((shutting_down(&mut framer), None)),
             };
             return Some((bytes, Some((events, framer, cancel))));
         }

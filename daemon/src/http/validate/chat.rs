@@ -226,7 +226,7 @@ fn top_logprobs(n: u32) -> Result<u8, InvalidRequest> {
 /// A call id the client sends back. Templates write it into the prompt as markup (Mistral's
 /// `"call_id": "…"`), so it is held to the characters ids are made of: no text in it can
 /// become a control token.
-fn check_call_id(param: &str, id: String) -> Result<String, InvalidRequest> {
+pub(super) fn check_call_id(param: &str, id: String) -> Result<String, InvalidRequest> {
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
     if id.is_empty() || id.len() > 128 || !id.chars().all(ok) {
         return Err(InvalidRequest::field(

@@ -28,38 +28,45 @@ pub(super) fn response_format(v: Option<&Value>) -> Result<Option<Grammar>, Inva
                 .ok_or_else(|| {
                     InvalidRequest::field("response_format.json_schema", "must be an object")
                 })?;
-            match js.get("name") {
-                Some(Value::String(n)) if valid_name(n) => {}
-                _ => {
-                    return Err(InvalidRequest::field(
-                        "response_format.json_schema.name",
-                        "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
-                    ))
-                }
-            }
-            if js
-                .get("strict")
-                .is_some_and(|s| !s.is_null() && !s.is_boolean())
-            {
-                return Err(InvalidRequest::field(
-                    "response_format.json_schema.strict",
-                    "must be a boolean",
-                ));
-            }
-            match js.get("schema") {
-                None | Some(Value::Null) => Ok(Some(Grammar::JsonSchema(serde_json::json!({})))),
-                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
-                    Ok(Some(Grammar::JsonSchema(schema.clone())))
-                }
-                Some(_) => Err(InvalidRequest::field(
-                    "response_format.json_schema.schema",
-                    "must be a JSON schema object",
-                )),
-            }
+            named_schema("response_format.json_schema", js)
         }
         other => Err(InvalidRequest::field(
             "response_format.type",
             format!("must be one of text, json_object, json_schema (got `{other}`)"),
+        )),
+    }
+}
+
+/// A named JSON schema (`name`, `schema`, `strict`) as a grammar; `at` is the path of the
+/// object that holds them (`response_format.json_schema` in chat, `text.format` in the
+/// Responses API). The schema is always enforced, `strict` or not.
+pub(super) fn named_schema(at: &str, js: &Value) -> Result<Option<Grammar>, InvalidRequest> {
+    match js.get("name") {
+        Some(Value::String(n)) if valid_name(n) => {}
+        _ => {
+            return Err(InvalidRequest::field(
+                &format!("{at}.name"),
+                "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
+            ))
+        }
+    }
+    if js
+        .get("strict")
+        .is_some_and(|s| !s.is_null() && !s.is_boolean())
+    {
+        return Err(InvalidRequest::field(
+            &format!("{at}.strict"),
+            "must be a boolean",
+        ));
+    }
+    match js.get("schema") {
+        None | Some(Value::Null) => Ok(Some(Grammar::JsonSchema(serde_json::json!({})))),
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+            Ok(Some(Grammar::JsonSchema(schema.clone())))
+        }
+        Some(_) => Err(InvalidRequest::field(
+            &format!("{at}.schema"),
+            "must be a JSON schema object",
         )),
     }
 }

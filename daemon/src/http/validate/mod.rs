@@ -5,9 +5,11 @@
 mod chat;
 mod completions;
 mod format;
+mod items;
 mod json;
 mod output;
 mod request;
+mod responses;
 mod sampling;
 mod tokens;
 mod tools;
@@ -16,6 +18,7 @@ pub use chat::chat;
 pub use completions::completion;
 pub use json::parse_json;
 pub use request::{Input, InvalidRequest, ValidRequest};
+pub use responses::{responses, ValidResponses};
 pub use sampling::check_vocab;
 pub use tokens::token_ids;
 

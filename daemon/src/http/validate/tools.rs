@@ -30,48 +30,71 @@ pub(super) fn tool_use(
         let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
             InvalidRequest::field(&format!("tools[{i}].function"), "must be an object")
         })?;
-        let name = match f.get("name") {
-            Some(Value::String(n)) if valid_name(n) => n.clone(),
-            _ => {
-                return Err(InvalidRequest::field(
-                    &format!("tools[{i}].function.name"),
-                    "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
-                ))
-            }
-        };
-        if parsed.iter().any(|p| p.name == name) {
-            return Err(InvalidRequest::field(
-                &format!("tools[{i}].function.name"),
-                format!("`{name}` names two tools"),
-            ));
-        }
-        let description = match f.get("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => {
-                return Err(InvalidRequest::field(
-                    &format!("tools[{i}].function.description"),
-                    "must be a string",
-                ))
-            }
-        };
-        let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => {
-                return Err(InvalidRequest::field(
-                    &format!("tools[{i}].function.parameters"),
-                    "must be a JSON schema object",
-                ))
-            }
-        };
-        parsed.push(Tool {
-            name,
-            description,
-            parameters,
-        });
+        let tool = function(&format!("tools[{i}].function"), f)?;
+        push_tool(&mut parsed, tool, &format!("tools[{i}].function.name"))?;
     }
-    let choice = match choice.filter(|c| !c.is_null()) {
+    let choice = chat_choice(&parsed, choice)?;
+    finish(parsed, choice, parallel)
+}
+
+/// One function's `name`, `description` and `parameters`; `at` is the path of the object
+/// that holds them (`tools[0].function` in chat, `tools[0]` in the Responses API).
+pub(super) fn function(at: &str, f: &Value) -> Result<Tool, InvalidRequest> {
+    let name = match f.get("name") {
+        Some(Value::String(n)) if valid_name(n) => n.clone(),
+        _ => {
+            return Err(InvalidRequest::field(
+                &format!("{at}.name"),
+                "is required: a-z, A-Z, 0-9, underscores and dashes, at most 64",
+            ))
+        }
+    };
+    let description = match f.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(_) => {
+            return Err(InvalidRequest::field(
+                &format!("{at}.description"),
+                "must be a string",
+            ))
+        }
+    };
+    let parameters = match f.get("parameters") {
+        None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(_) => {
+            return Err(InvalidRequest::field(
+                &format!("{at}.parameters"),
+                "must be a JSON schema object",
+            ))
+        }
+    };
+    Ok(Tool {
+        name,
+        description,
+        parameters,
+    })
+}
+
+/// Adds a tool unless its name is taken; `param` names its `name` field.
+pub(super) fn push_tool(
+    parsed: &mut Vec<Tool>,
+    tool: Tool,
+    param: &str,
+) -> Result<(), InvalidRequest> {
+    if parsed.iter().any(|p| p.name == tool.name) {
+        return Err(InvalidRequest::field(
+            param,
+            format!("`{}` names two tools", tool.name),
+        ));
+    }
+    parsed.push(tool);
+    Ok(())
+}
+
+/// Chat's `tool_choice`: a mode, or `{"type": "function", "function": {"name": …}}`.
+fn chat_choice(parsed: &[Tool], choice: Option<&Value>) -> Result<ToolChoice, InvalidRequest> {
+    Ok(match choice.filter(|c| !c.is_null()) {
         None if parsed.is_empty() => ToolChoice::None,
         None => ToolChoice::Auto,
         Some(Value::String(s)) => match s.as_str() {
@@ -109,7 +132,15 @@ pub(super) fn tool_use(
             }
             ToolChoice::Named(name.to_string())
         }
-    };
+    })
+}
+
+/// The offer once its tools and choice are read: `None` when no tool may be called.
+pub(super) fn finish(
+    parsed: Vec<Tool>,
+    choice: ToolChoice,
+    parallel: Option<bool>,
+) -> Result<Option<ToolUse>, InvalidRequest> {
     if parsed.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Auto) {
         return Err(InvalidRequest::field(
             "tool_choice",

@@ -14,8 +14,10 @@ use crate::{ensure, ensure_eq};
 
 const G: Group = Group::Api;
 
+mod cors;
 mod objects;
 mod request;
+mod responses;
 mod routes;
 
 /// The group's cases, section by section, in report order.
@@ -23,4 +25,6 @@ pub fn register(r: &mut Registry) {
     routes::register(r);
     objects::register(r);
     request::register(r);
+    responses::register(r);
+    cors::register(r);
 }

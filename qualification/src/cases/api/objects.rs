@@ -137,33 +137,4 @@ pub(super) fn register(r: &mut Registry) {
             Ok(id)
         },
     );
-    r.add(
-        G,
-        "api.completions.created_now",
-        "A completion's created time is now",
-        "created within 5 minutes of this machine's clock",
-        |c, ev| {
-            let v = c.target.complete(&counting(2, false))?;
-            let created = u64_at(&v, "/created")?;
-            ev.put("created", created);
-            ensure!(
-                created.abs_diff(now_s()) <= 300,
-                "within 300 s of now",
-                created.to_string()
-            );
-            Ok(format!("created {created}"))
-        },
-    );
-    r.add(
-        G,
-        "api.completions.model_field",
-        "A completion names the served model",
-        "model equals the /v1/models id",
-        |c, ev| {
-            let v = c.target.complete(&counting(2, false))?;
-            ev.put("model", v["model"].clone());
-            ensure_eq!("model", v["model"], json!(c.facts.model_id));
-            Ok(format!("model {}", v["model"]))
-        },
-    );
 }

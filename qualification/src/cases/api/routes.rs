@@ -283,7 +283,6 @@ pub(super) fn register(r: &mut Registry) {
     for (id, path) in [
         ("api.route.unknown_v1_404", "/v1/embeddings"),
         ("api.route.root_404", "/"),
-        ("api.route.extra_segment_404", "/healthz/extra"),
     ] {
         r.add(
             G,
@@ -318,8 +317,6 @@ pub(super) fn register(r: &mut Registry) {
             "/v1/status",
             "GET",
         ),
-        ("api.method.put_healthz_405", "PUT", "/healthz", "GET"),
-        ("api.method.post_metrics_405", "POST", "/metrics", "GET"),
     ] {
         let case = r.add(
             G,

@@ -45,6 +45,7 @@ mod auth;
 mod ignored;
 mod malformed;
 mod range;
+mod responses;
 mod size;
 mod slow;
 mod types;
@@ -66,6 +67,7 @@ fn beyond_openai(id: &str, field: &str) -> Option<&'static str> {
 
 pub fn register(r: &mut Registry) {
     types::register(r);
+    responses::register(r);
     range::register(r);
     malformed::register(r);
     size::register(r);

@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) fn register(r: &mut Registry) {
     // ---- wrong types: 400 naming the field ----
-    let types: [(&str, &str, Value, &str); 20] = [
+    let types: [(&str, &str, Value, &str); 17] = [
         (
             "input.type.messages_string",
             "messages",
@@ -61,20 +61,7 @@ pub(super) fn register(r: &mut Registry) {
         ),
         ("input.type.top_p_string", "top_p", json!("0.5"), "top_p"),
         ("input.type.top_k_float", "top_k", json!(1.5), "top_k"),
-        ("input.type.min_p_string", "min_p", json!("0.1"), "min_p"),
         ("input.type.seed_string", "seed", json!("42"), "seed"),
-        (
-            "input.type.presence_penalty_string",
-            "presence_penalty",
-            json!("1"),
-            "presence_penalty",
-        ),
-        (
-            "input.type.frequency_penalty_string",
-            "frequency_penalty",
-            json!("1"),
-            "frequency_penalty",
-        ),
         ("input.type.stop_number", "stop", json!(5), "stop"),
         ("input.type.n_string", "n", json!("1"), "n"),
         ("input.type.stream_string", "stream", json!("yes"), "stream"),

@@ -21,29 +21,6 @@ pub(super) fn register(r: &mut Registry) {
     );
     r.add(
         G,
-        "stream.role_only_first",
-        "Only the first chunk carries the role",
-        "no later delta has a role",
-        |c, ev| {
-            let cap = explain_stream(c, ev)?;
-            let ch = chunks(&cap)?;
-            let late: Vec<usize> = ch
-                .iter()
-                .enumerate()
-                .skip(1)
-                .filter(|(_, c)| c["choices"][0]["delta"].get("role").is_some())
-                .map(|(i, _)| i)
-                .collect();
-            ensure!(
-                late.is_empty(),
-                "role on chunk 0 only",
-                format!("role also on chunks {late:?}")
-            );
-            Ok("role once".into())
-        },
-    );
-    r.add(
-        G,
         "stream.id_constant",
         "Every chunk has the same id",
         "one id across the stream",
@@ -95,25 +72,6 @@ pub(super) fn register(r: &mut Registry) {
                 ensure_eq!("model", ch["model"], json!(c.facts.model_id));
             }
             Ok(format!("model {}", c.facts.model_id))
-        },
-    );
-    r.add(
-        G,
-        "stream.created_constant",
-        "Every chunk has the same created time",
-        "one created value, a plausible Unix time",
-        |c, ev| {
-            let cap = explain_stream(c, ev)?;
-            let ch = chunks(&cap)?;
-            let set: std::collections::BTreeSet<String> =
-                ch.iter().map(|c| c["created"].to_string()).collect();
-            ensure_eq!("distinct created values", set.len(), 1);
-            ensure!(
-                ch[0]["created"].as_u64().is_some_and(|t| t > 1_600_000_000),
-                "a Unix time",
-                ch[0]["created"].to_string()
-            );
-            Ok(format!("created {}", ch[0]["created"]))
         },
     );
     r.add(

@@ -61,6 +61,7 @@ mod chunks;
 mod errors;
 mod finish;
 mod framing;
+mod responses;
 mod text;
 mod usage;
 
@@ -72,4 +73,5 @@ pub fn register(r: &mut Registry) {
     usage::register(r);
     text::register(r);
     errors::register(r);
+    responses::register(r);
 }
