@@ -236,7 +236,15 @@ fn metrics_name_every_term_and_limit() {
         vec![limit(LimitSource::CgroupV2, 4096)],
     );
     let out = crate::metrics::text::render(move |w| d.render_metrics(w));
-    for t in ["weights", "kv", "compute", "overhead", "margin", "total"] {
+    for t in [
+        "weights",
+        "kv",
+        "compute",
+        "overhead",
+        "constraint",
+        "margin",
+        "total",
+    ] {
         assert!(out.contains(&format!("inferloop_memory_required_bytes{{term=\"{t}\"}}")));
     }
     assert!(out.contains("inferloop_memory_limit_bytes{source=\"cgroup-v2\"} 4294967296"));
