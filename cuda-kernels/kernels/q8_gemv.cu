@@ -135,6 +135,14 @@ struct alignas(16) q8_u4 {
 // The 16-byte word at byte a of the weights (w + a is 16-aligned; the weights are
 // [0, end)): whole when inside, otherwise the bytes that are inside, 16 bits at a time (W
 // is 2-byte aligned), zeros elsewhere.
+// A 16-byte load that skips L1 (p is 16-byte aligned and inside the weights).
+static __device__ __forceinline__ q8_u4 q8_ld16(const unsigned char* p) {
+    q8_u4 r;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.a), "=r"(r.b), "=r"(r.c), "=r"(r.d) : "l"(p));
+    return r;
+}
+
 static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict__ w,
                                                 long long a, long long end) {
     if (a >= 0 && a + 16 <= end) {
@@ -201,9 +209,16 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
                 foff[d] = (int)((s_ + w_mis) & 15);                                        \
                 const long long a_ = s_ - foff[d];                                         \
                 const int words_ = (foff[d] + nblk_ * Q8_BLOCK_BYTES + 15) >> 4;           \
-                if (lane < words_) r0[d] = q8_word(w, a_ + 16 * lane, end);                \
-                if (lane + 32 < words_) r1[d] = q8_word(w, a_ + 16 * (lane + 32), end);    \
-                if (lane + 64 < words_) r2[d] = q8_word(w, a_ + 16 * (lane + 64), end);    \
+                if (a_ >= 0 && a_ + 16 * words_ <= end) { /* warp-uniform: no edge */     \
+                    const unsigned char* p_ = w + a_ + 16 * lane;                          \
+                    if (lane < words_) r0[d] = q8_ld16(p_);                                \
+                    if (lane + 32 < words_) r1[d] = q8_ld16(p_ + 512);                     \
+                    if (lane + 64 < words_) r2[d] = q8_ld16(p_ + 1024);                    \
+                } else {                                                                   \
+                    if (lane < words_) r0[d] = q8_word(w, a_ + 16 * lane, end);            \
+                    if (lane + 32 < words_) r1[d] = q8_word(w, a_ + 16 * (lane + 32), end);\
+                    if (lane + 64 < words_) r2[d] = q8_word(w, a_ + 16 * (lane + 64), end);\
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
         if (++u == nunits) {                                                               \
@@ -238,25 +253,48 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
         else frow0 = rows;
 
         const int b = 32 * cu + lane;
-        if (b < nb) {
-            float dw[Q8_GEMV_Q8_ROWS];
-            int wq[Q8_GEMV_Q8_ROWS][8];
+        {
+            // Every load of the unit is issued before any use (a warp waits at the first
+            // use of a load, and GPGPU-Sim runs the PTX in its order: loads interleaved with
+            // their uses would wait one load/store-pipeline round trip each).
+            q8_u4 S[Q8_GEMV_Q8_ROWS][3];
 #pragma unroll
             for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
                 // The block's 34 bytes lie in the 48 bytes from bo & ~15: three 16-byte
                 // shared loads, then the words picked by bo's offset in them (0..14, even).
-                const int bo = coff[d] + Q8_BLOCK_BYTES * lane;
-                const q8_u4* s16 = stage[threadIdx.x >> 5][d] + (bo >> 4);
-                const q8_u4 A = s16[0], B = s16[1], C = s16[2];
-                const unsigned int W[12] = {A.a, A.b, A.c, A.d, B.a, B.b,
-                                            B.c, B.d, C.a, C.b, C.c, C.d};
-                const int sh = bo & 15;
-                const int sw = sh >> 2;       // the scale's word (0..3)
-                const bool half = (sh & 2) != 0;
-                unsigned int t[9];            // words sw .. sw+8
+                const q8_u4* s16 =
+                    stage[threadIdx.x >> 5][d] + ((coff[d] + Q8_BLOCK_BYTES * lane) >> 4);
+                S[d][0] = s16[0];
+                S[d][1] = s16[1];
+                S[d][2] = s16[2];
+            }
+            // The unit's activations, x words 2l and 2l+1 (of 64) being block l's: lane
+            // l < 16 loads words 2l and 33+2l, lane l+16 words 2l+1 and 32+2l (two coalesced
+            // 512-byte loads), then l and l+16 swap the word the other one needs.
+            const int nxw = 2 * (nb - 32 * cu < 32 ? nb - 32 * cu : 32);  // x words of the unit
+            const int lo16 = lane & 15;
+            const int xw0 = lane < 16 ? 2 * lo16 : 2 * lo16 + 1;
+            const int xw1 = lane < 16 ? 33 + 2 * lo16 : 32 + 2 * lo16;
+            const q8_i4 zero = {0, 0, 0, 0};
+            const q8_i4* xu = (const q8_i4*)(xq + cu * 1024);
+            q8_i4 xa = xw0 < nxw ? xu[xw0] : zero;
+            q8_i4 xc = xw1 < nxw ? xu[xw1] : zero;
+            float dx = b < nb ? xd[b] : 0.0f;
+            float dw[Q8_GEMV_Q8_ROWS];
+            int wq[Q8_GEMV_Q8_ROWS][8];
 #pragma unroll
-                for (int i = 0; i < 9; ++i)
-                    t[i] = sw == 0 ? W[i] : sw == 1 ? W[i + 1] : sw == 2 ? W[i + 2] : W[i + 3];
+            for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+                const unsigned int W[12] = {S[d][0].a, S[d][0].b, S[d][0].c, S[d][0].d,
+                                            S[d][1].a, S[d][1].b, S[d][1].c, S[d][1].d,
+                                            S[d][2].a, S[d][2].b, S[d][2].c, S[d][2].d};
+                const int sh = (coff[d] + Q8_BLOCK_BYTES * lane) & 15;
+                // Words sw .. sw+8 (sw = sh >> 2, the scale's word) in two select steps.
+                unsigned int v[10], t[9];
+#pragma unroll
+                for (int i = 0; i < 10; ++i) v[i] = (sh & 8) ? W[i + 2] : W[i];
+#pragma unroll
+                for (int i = 0; i < 9; ++i) t[i] = (sh & 4) ? v[i + 1] : v[i];
+                const bool half = (sh & 2) != 0;
                 const unsigned int hw = half ? t[0] >> 16 : t[0] & 0xffffu;
                 dw[d] = q8_f16_to_f32((unsigned short)hw);
                 // Quants at sh + 2: word-aligned when half (t[1..8]), else 16 bits on.
@@ -267,22 +305,33 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
-                    const q8_i4* xb = (const q8_i4*)(xq + (long long)c * k + b * 32);
-                    const q8_i4 x0 = xb[0];
-                    const q8_i4 x1 = xb[1];
-                    const float dx = xd[(long long)c * nb + b];
+                    if (c > 0) {
+                        xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
+                        xa = xw0 < nxw ? xu[xw0] : zero;
+                        xc = xw1 < nxw ? xu[xw1] : zero;
+                        dx = b < nb ? xd[(long long)c * nb + b] : 0.0f;
+                    }
+                    const q8_i4 give = lane < 16 ? xc : xa;
+                    q8_i4 x1;
+                    x1.a = __shfl_xor_sync(0xffffffffu, give.a, 16);
+                    x1.b = __shfl_xor_sync(0xffffffffu, give.b, 16);
+                    x1.c = __shfl_xor_sync(0xffffffffu, give.c, 16);
+                    x1.d = __shfl_xor_sync(0xffffffffu, give.d, 16);
+                    const q8_i4 x0 = lane < 16 ? xa : xc;
+                    if (b < nb) {
 #pragma unroll
-                    for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
-                        int isum = __dp4a(wq[d][0], x0.a, 0);
-                        isum = __dp4a(wq[d][1], x0.b, isum);
-                        isum = __dp4a(wq[d][2], x0.c, isum);
-                        isum = __dp4a(wq[d][3], x0.d, isum);
-                        isum = __dp4a(wq[d][4], x1.a, isum);
-                        isum = __dp4a(wq[d][5], x1.b, isum);
-                        isum = __dp4a(wq[d][6], x1.c, isum);
-                        isum = __dp4a(wq[d][7], x1.d, isum);
-                        acc[d][c] =
-                            __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum), acc[d][c]);
+                        for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+                            int isum = __dp4a(wq[d][0], x0.a, 0);
+                            isum = __dp4a(wq[d][1], x0.b, isum);
+                            isum = __dp4a(wq[d][2], x0.c, isum);
+                            isum = __dp4a(wq[d][3], x0.d, isum);
+                            isum = __dp4a(wq[d][4], x1.a, isum);
+                            isum = __dp4a(wq[d][5], x1.b, isum);
+                            isum = __dp4a(wq[d][6], x1.c, isum);
+                            isum = __dp4a(wq[d][7], x1.d, isum);
+                            acc[d][c] = __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum),
+                                                  acc[d][c]);
+                        }
                     }
                 }
             }
