@@ -39,9 +39,10 @@
 //
 // q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes
 // Q8_GEMV_Q8_ROWS rows side by side and the warps walk the rows with a grid stride (the
-// wrapper sizes the grid from the SM count). xq must be 16-byte aligned (k is a multiple of
-// 32, so every block then is), xd, bias and y 4-byte. Static shared memory: 1152 bytes per
-// warp and row (9 KiB with 4 warps of 2 rows).
+// wrapper sizes the grid from the SM count and the rows, every warp as many row groups).
+// xq must be 16-byte aligned (k is a multiple of 32, so every block then is), xd, bias and
+// y 4-byte. Static shared memory: 1152 bytes per warp and row (9 KiB with 4 warps of 2
+// rows).
 
 #ifndef Q8_GEMV_ROWS_PER_BLOCK
 #define Q8_GEMV_ROWS_PER_BLOCK 4
@@ -123,18 +124,17 @@ struct alignas(16) q8_i4 {
 // A warp takes Q8_GEMV_Q8_ROWS rows side by side, in units of 32 blocks (1088 bytes; a
 // row's last unit may be shorter): unit j of each of its rows is copied into the warp's
 // shared staging area with coalesced, aligned 16-byte loads that skip L1 (ld.global.cg; the
-// stretch starts up to 14 bytes early), lane l then reads block l of each unit with three
-// 16-byte shared loads, and the activations' loads for unit j serve every row. While the
-// units are computed the next ones' loads are in flight in registers.
+// stretch starts up to 14 bytes early; a stretch inside the matrix, all but the first and
+// last, is loaded without per-word bounds checks), lane l then reads block l of each unit
+// with three 16-byte shared loads, and the activations' loads for unit j (two coalesced
+// 512-byte loads a column, half-warps swapping halves with one shuffle round) serve every
+// row. While the units are computed the next ones' loads are in flight in registers.
 #define Q8_STAGE_WORDS 72  // (14 + 1088) / 16 rounded up
 
 struct alignas(16) q8_u4 {
     unsigned int a, b, c, d;
 };
 
-// The 16-byte word at byte a of the weights (w + a is 16-aligned; the weights are
-// [0, end)): whole when inside, otherwise the bytes that are inside, 16 bits at a time (W
-// is 2-byte aligned), zeros elsewhere.
 // A 16-byte load that skips L1 (p is 16-byte aligned and inside the weights).
 static __device__ __forceinline__ q8_u4 q8_ld16(const unsigned char* p) {
     q8_u4 r;
@@ -143,6 +143,9 @@ static __device__ __forceinline__ q8_u4 q8_ld16(const unsigned char* p) {
     return r;
 }
 
+// The 16-byte word at byte a of the weights (w + a is 16-aligned; the weights are
+// [0, end)): whole when inside, otherwise the bytes that are inside, 16 bits at a time (W
+// is 2-byte aligned), zeros elsewhere. Only for a stretch that crosses the matrix's ends.
 static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict__ w,
                                                 long long a, long long end) {
     if (a >= 0 && a + 16 <= end) {
@@ -171,7 +174,13 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 
 // y must not be __restrict__: with accumulate, each element is read and then written by
 // the same thread (the residual add in place).
-extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
+// 5 blocks an SM (GEMV_Q8_BLOCKS_PER_SM in q8.rs): at most 96 registers a thread, which
+// NVRTC 12.2 for sm_87 would otherwise exceed (103) and leave room for 4.
+#ifndef Q8_GEMV_Q8_MIN_BLOCKS
+#define Q8_GEMV_Q8_MIN_BLOCKS 5
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS, Q8_GEMV_Q8_MIN_BLOCKS)
 q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
            const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows,
            int k, int ncols, int accumulate) {
@@ -254,20 +263,6 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
 
         const int b = 32 * cu + lane;
         {
-            // Every load of the unit is issued before any use (a warp waits at the first
-            // use of a load, and GPGPU-Sim runs the PTX in its order: loads interleaved with
-            // their uses would wait one load/store-pipeline round trip each).
-            q8_u4 S[Q8_GEMV_Q8_ROWS][3];
-#pragma unroll
-            for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
-                // The block's 34 bytes lie in the 48 bytes from bo & ~15: three 16-byte
-                // shared loads, then the words picked by bo's offset in them (0..14, even).
-                const q8_u4* s16 =
-                    stage[threadIdx.x >> 5][d] + ((coff[d] + Q8_BLOCK_BYTES * lane) >> 4);
-                S[d][0] = s16[0];
-                S[d][1] = s16[1];
-                S[d][2] = s16[2];
-            }
             // The unit's activations, x words 2l and 2l+1 (of 64) being block l's: lane
             // l < 16 loads words 2l and 33+2l, lane l+16 words 2l+1 and 32+2l (two coalesced
             // 512-byte loads), then l and l+16 swap the word the other one needs.
@@ -275,19 +270,18 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
             const int lo16 = lane & 15;
             const int xw0 = lane < 16 ? 2 * lo16 : 2 * lo16 + 1;
             const int xw1 = lane < 16 ? 33 + 2 * lo16 : 32 + 2 * lo16;
-            const q8_i4 zero = {0, 0, 0, 0};
-            const q8_i4* xu = (const q8_i4*)(xq + cu * 1024);
-            q8_i4 xa = xw0 < nxw ? xu[xw0] : zero;
-            q8_i4 xc = xw1 < nxw ? xu[xw1] : zero;
-            float dx = b < nb ? xd[b] : 0.0f;
             float dw[Q8_GEMV_Q8_ROWS];
             int wq[Q8_GEMV_Q8_ROWS][8];
 #pragma unroll
             for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
-                const unsigned int W[12] = {S[d][0].a, S[d][0].b, S[d][0].c, S[d][0].d,
-                                            S[d][1].a, S[d][1].b, S[d][1].c, S[d][1].d,
-                                            S[d][2].a, S[d][2].b, S[d][2].c, S[d][2].d};
-                const int sh = (coff[d] + Q8_BLOCK_BYTES * lane) & 15;
+                // The block's 34 bytes lie in the 48 bytes from bo & ~15: three 16-byte
+                // shared loads, then the words picked by bo's offset in them (0..14, even).
+                const int bo = coff[d] + Q8_BLOCK_BYTES * lane;
+                const q8_u4* s16 = stage[threadIdx.x >> 5][d] + (bo >> 4);
+                const q8_u4 A = s16[0], B = s16[1], C = s16[2];
+                const unsigned int W[12] = {A.a, A.b, A.c, A.d, B.a, B.b,
+                                            B.c, B.d, C.a, C.b, C.c, C.d};
+                const int sh = bo & 15;
                 // Words sw .. sw+8 (sw = sh >> 2, the scale's word) in two select steps.
                 unsigned int v[10], t[9];
 #pragma unroll
@@ -305,12 +299,10 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
-                    if (c > 0) {
-                        xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
-                        xa = xw0 < nxw ? xu[xw0] : zero;
-                        xc = xw1 < nxw ? xu[xw1] : zero;
-                        dx = b < nb ? xd[(long long)c * nb + b] : 0.0f;
-                    }
+                    const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
+                    const q8_i4 zero = {0, 0, 0, 0};
+                    const q8_i4 xa = xw0 < nxw ? xu[xw0] : zero;
+                    const q8_i4 xc = xw1 < nxw ? xu[xw1] : zero;
                     const q8_i4 give = lane < 16 ? xc : xa;
                     q8_i4 x1;
                     x1.a = __shfl_xor_sync(0xffffffffu, give.a, 16);
@@ -318,20 +310,20 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
                     x1.c = __shfl_xor_sync(0xffffffffu, give.c, 16);
                     x1.d = __shfl_xor_sync(0xffffffffu, give.d, 16);
                     const q8_i4 x0 = lane < 16 ? xa : xc;
-                    if (b < nb) {
+                    if (b >= nb) continue;
+                    const float dx = xd[(long long)c * nb + b];
 #pragma unroll
-                        for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
-                            int isum = __dp4a(wq[d][0], x0.a, 0);
-                            isum = __dp4a(wq[d][1], x0.b, isum);
-                            isum = __dp4a(wq[d][2], x0.c, isum);
-                            isum = __dp4a(wq[d][3], x0.d, isum);
-                            isum = __dp4a(wq[d][4], x1.a, isum);
-                            isum = __dp4a(wq[d][5], x1.b, isum);
-                            isum = __dp4a(wq[d][6], x1.c, isum);
-                            isum = __dp4a(wq[d][7], x1.d, isum);
-                            acc[d][c] = __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum),
-                                                  acc[d][c]);
-                        }
+                    for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
+                        int isum = __dp4a(wq[d][0], x0.a, 0);
+                        isum = __dp4a(wq[d][1], x0.b, isum);
+                        isum = __dp4a(wq[d][2], x0.c, isum);
+                        isum = __dp4a(wq[d][3], x0.d, isum);
+                        isum = __dp4a(wq[d][4], x1.a, isum);
+                        isum = __dp4a(wq[d][5], x1.b, isum);
+                        isum = __dp4a(wq[d][6], x1.c, isum);
+                        isum = __dp4a(wq[d][7], x1.d, isum);
+                        acc[d][c] =
+                            __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum), acc[d][c]);
                     }
                 }
             }

@@ -426,3 +426,34 @@ pub fn gemm_parts(
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row group gets a warp, no warp more passes than another, no more than the cap.
+    #[test]
+    fn gemv_q8_grid_balances_the_passes() {
+        for sms in [1, 8, 16] {
+            for rows in [1, 7, 192, 512, 576, 1024, 1536, 4096, 14336] {
+                let blocks = gemv_q8_blocks(rows, sms);
+                let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
+                let warps = blocks * GEMV_Q8_WARPS;
+                assert!(
+                    blocks >= 1 && blocks <= sms * GEMV_Q8_BLOCKS_PER_SM,
+                    "{rows} on {sms}"
+                );
+                let cap = sms * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
+                // As few passes as the full grid would make, with the blocks needed for them.
+                assert_eq!(
+                    groups.div_ceil(warps),
+                    groups.div_ceil(cap),
+                    "{rows} on {sms}"
+                );
+                assert!((blocks - 1) * GEMV_Q8_WARPS < groups.div_ceil(groups.div_ceil(cap)));
+            }
+        }
+        assert_eq!(gemv_q8_blocks(512, 8), 32);
+        assert_eq!(gemv_q8_blocks(4096, 8), 40);
+    }
+}
