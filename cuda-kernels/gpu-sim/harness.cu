@@ -255,7 +255,11 @@ static int run_gemv_q8(int rows, int k, int batch) {
     const long long max_warps = (long long)sm_count() * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
     const long long passes = (groups + max_warps - 1) / max_warps;
     const long long warps = (groups + passes - 1) / passes;
-    const long long blocks = (warps + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    long long blocks = (warps + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    const long long sms = sm_count(), first = (groups + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    blocks = (blocks + sms - 1) / sms * sms;  // whole SMs,
+    if (blocks > sms * GEMV_Q8_BLOCKS_PER_SM) blocks = sms * GEMV_Q8_BLOCKS_PER_SM;
+    if (blocks > first) blocks = first;  // no block without a row group in the first pass
     const unsigned grid = (unsigned)blocks, block = 32 * GEMV_Q8_WARPS;
     q8_gemv_q8<<<grid, block>>>(dw, (const signed char*)dq, dd, nullptr, dy, rows, k, batch, 0);
     CK(cudaGetLastError());

@@ -29,13 +29,19 @@ pub const GEMV_Q8_ROWS_PER_WARP: usize = 2;
 pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
 /// `q8_gemv_q8`'s grid for `rows` on `sm_count` SMs: at most [`GEMV_Q8_BLOCKS_PER_SM`] blocks
 /// an SM, and only as many warps as give every warp the same number of row groups (passes
-/// of the grid stride): 512 rows on 8 SMs take 32 blocks, two passes each, not 40 blocks
-/// where 60% of the warps make a second pass that the SMs run under-filled.
+/// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, two
+/// passes each, not 40 blocks where 60% of the warps make a second pass that the SMs run
+/// under-filled.
 pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
+    let sms = sm_count.max(1);
+    let cap = sms * GEMV_Q8_BLOCKS_PER_SM;
     let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
-    let max_warps = sm_count.max(1) * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
-    let passes = groups.div_ceil(max_warps).max(1);
-    groups.div_ceil(passes).div_ceil(GEMV_Q8_WARPS)
+    let passes = groups.div_ceil(cap * GEMV_Q8_WARPS).max(1);
+    let blocks = groups.div_ceil(passes).div_ceil(GEMV_Q8_WARPS);
+    // Whole SMs, but no block without a row group in the first pass.
+    (blocks.div_ceil(sms) * sms)
+        .min(cap)
+        .min(groups.div_ceil(GEMV_Q8_WARPS))
 }
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
 pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
@@ -450,7 +456,8 @@ mod tests {
                     groups.div_ceil(cap),
                     "{rows} on {sms}"
                 );
-                assert!((blocks - 1) * GEMV_Q8_WARPS < groups.div_ceil(groups.div_ceil(cap)));
+                // Whole SMs unless the rows run out first.
+                assert!(blocks % sms == 0 || blocks == groups.div_ceil(GEMV_Q8_WARPS));
             }
         }
         assert_eq!(gemv_q8_blocks(512, 8), 32);
