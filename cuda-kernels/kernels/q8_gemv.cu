@@ -300,16 +300,21 @@ q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ 
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
                     const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
-                    const q8_i4 zero = {0, 0, 0, 0};
-                    const q8_i4 xa = xw0 < nxw ? xu[xw0] : zero;
-                    const q8_i4 xc = xw1 < nxw ? xu[xw1] : zero;
-                    const q8_i4 give = lane < 16 ? xc : xa;
-                    q8_i4 x1;
-                    x1.a = __shfl_xor_sync(0xffffffffu, give.a, 16);
-                    x1.b = __shfl_xor_sync(0xffffffffu, give.b, 16);
-                    x1.c = __shfl_xor_sync(0xffffffffu, give.c, 16);
-                    x1.d = __shfl_xor_sync(0xffffffffu, give.d, 16);
-                    const q8_i4 x0 = lane < 16 ? xa : xc;
+                    q8_i4 x0, x1;
+                    if (nxw == 64) {  // a whole unit (warp-uniform)
+                        const q8_i4 xa = xu[xw0];
+                        const q8_i4 xc = xu[xw1];
+                        const q8_i4 give = lane < 16 ? xc : xa;
+                        x1.a = __shfl_xor_sync(0xffffffffu, give.a, 16);
+                        x1.b = __shfl_xor_sync(0xffffffffu, give.b, 16);
+                        x1.c = __shfl_xor_sync(0xffffffffu, give.c, 16);
+                        x1.d = __shfl_xor_sync(0xffffffffu, give.d, 16);
+                        x0 = lane < 16 ? xa : xc;
+                    } else {
+                        if (b >= nb) continue;
+                        x0 = xu[2 * lane];
+                        x1 = xu[2 * lane + 1];
+                    }
                     if (b >= nb) continue;
                     const float dx = xd[(long long)c * nb + b];
 #pragma unroll
