@@ -126,9 +126,9 @@ struct alignas(16) q8_i4 {
 // shared staging area with coalesced, aligned 16-byte loads that skip L1 (ld.global.cg; the
 // stretch starts up to 14 bytes early; a stretch inside the matrix, all but the first and
 // last, is loaded without per-word bounds checks), lane l then reads block l of each unit
-// with three 16-byte shared loads, and the activations' loads for unit j (two coalesced
-// 512-byte loads a column, half-warps swapping halves with one shuffle round) serve every
-// row. While the units are computed the next ones' loads are in flight in registers.
+// with three 16-byte shared loads, and the activations' loads for unit j serve every row
+// (for a whole unit two coalesced 512-byte loads a column, half-warps swapping halves with
+// one shuffle round; for a shorter one, a lane's two 16-byte loads of its block). While the units are computed the next ones' loads are in flight in registers.
 #define Q8_STAGE_WORDS 72  // (14 + 1088) / 16 rounded up
 
 struct alignas(16) q8_u4 {
