@@ -24,9 +24,11 @@ pub const GEMV_Q8_WARPS: usize = 4;
 /// Rows each `q8_gemv_q8` warp takes side by side: `Q8_GEMV_Q8_ROWS`.
 pub const GEMV_Q8_ROWS_PER_WARP: usize = 2;
 /// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
-/// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87), so that every
-/// SM keeps 20 warps' loads in flight (tuned on GPGPU-Sim, docs/native-and-cuda.md).
+/// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87; the kernel's
+/// launch bound `Q8_GEMV_Q8_MIN_BLOCKS` keeps it there), so that every SM keeps 20 warps'
+/// loads in flight (tuned on GPGPU-Sim, docs/native-and-cuda.md).
 pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
+
 /// `q8_gemv_q8`'s grid for `rows` on `sm_count` SMs: at most [`GEMV_Q8_BLOCKS_PER_SM`] blocks
 /// an SM, and only as many warps as give every warp the same number of row groups (passes
 /// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, two
@@ -43,6 +45,7 @@ pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
         .min(cap)
         .min(groups.div_ceil(GEMV_Q8_WARPS))
 }
+
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
 pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
 /// GEMM tile: `16 * Q8_GEMM_TR` rows by `16 * Q8_GEMM_TT` tokens, 16 x 16 threads.
