@@ -4,9 +4,9 @@
 //   harness copy BYTES             float4 copy, block 256, one float4 per thread
 //   harness q8_gemv_f32 ROWS K B   q8_gemv_f32: block 32 * GEMV_ROWS_PER_BLOCK,
 //                                  grid ceil(ROWS / GEMV_ROWS_PER_BLOCK), 8 columns a launch
-//   harness q8_gemv_q8 ROWS K B    q8_gemv_q8: block 32 * GEMV_Q8_WARPS, grid min(ceil(ROWS /
-//                                  (GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP)),
-//                                  SMs * GEMV_Q8_BLOCKS_PER_SM)
+//   harness q8_gemv_q8 ROWS K B    q8_gemv_q8: block 32 * GEMV_Q8_WARPS, grid as
+//                                  gemv_q8_blocks in q8.rs (at most SMs *
+//                                  GEMV_Q8_BLOCKS_PER_SM, every warp as many row groups)
 //
 // The launch constants come from q8.rs (scripts/gpu-sim-bench.sh reads them and passes
 // -D flags), so the harness cannot drift from the wrapper. The simulator prints the cycles of
@@ -250,10 +250,16 @@ static int run_gemv_q8(int rows, int k, int batch) {
     CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dq, xq.data(), xq.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice));
-    const int per_block = GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP;
-    long long blocks = (rows + per_block - 1) / per_block;
-    const long long cap = (long long)sm_count() * GEMV_Q8_BLOCKS_PER_SM;
-    if (blocks > cap) blocks = cap;
+    // gemv_q8_blocks in q8.rs: every warp the same number of row groups.
+    const long long groups = (rows + GEMV_Q8_ROWS_PER_WARP - 1) / GEMV_Q8_ROWS_PER_WARP;
+    const long long max_warps = (long long)sm_count() * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
+    const long long passes = (groups + max_warps - 1) / max_warps;
+    const long long warps = (groups + passes - 1) / passes;
+    long long blocks = (warps + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    const long long sms = sm_count(), first = (groups + GEMV_Q8_WARPS - 1) / GEMV_Q8_WARPS;
+    blocks = (blocks + sms - 1) / sms * sms;  // whole SMs,
+    if (blocks > sms * GEMV_Q8_BLOCKS_PER_SM) blocks = sms * GEMV_Q8_BLOCKS_PER_SM;
+    if (blocks > first) blocks = first;  // no block without a row group in the first pass
     const unsigned grid = (unsigned)blocks, block = 32 * GEMV_Q8_WARPS;
     q8_gemv_q8<<<grid, block>>>(dw, (const signed char*)dq, dd, nullptr, dy, rows, k, batch, 0);
     CK(cudaGetLastError());

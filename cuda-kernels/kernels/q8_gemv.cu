@@ -39,9 +39,10 @@
 //
 // q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes
 // Q8_GEMV_Q8_ROWS rows side by side and the warps walk the rows with a grid stride (the
-// wrapper sizes the grid from the SM count). xq must be 16-byte aligned (k is a multiple of
-// 32, so every block then is), xd, bias and y 4-byte. Static shared memory: 1152 bytes per
-// warp and row (9 KiB with 4 warps of 2 rows).
+// wrapper sizes the grid from the SM count and the rows, every warp as many row groups).
+// xq must be 16-byte aligned (k is a multiple of 32, so every block then is), xd, bias and
+// y 4-byte. Static shared memory: 1152 bytes per warp and row (9 KiB with 4 warps of 2
+// rows).
 
 #ifndef Q8_GEMV_ROWS_PER_BLOCK
 #define Q8_GEMV_ROWS_PER_BLOCK 4
@@ -123,18 +124,28 @@ struct alignas(16) q8_i4 {
 // A warp takes Q8_GEMV_Q8_ROWS rows side by side, in units of 32 blocks (1088 bytes; a
 // row's last unit may be shorter): unit j of each of its rows is copied into the warp's
 // shared staging area with coalesced, aligned 16-byte loads that skip L1 (ld.global.cg; the
-// stretch starts up to 14 bytes early), lane l then reads block l of each unit with three
-// 16-byte shared loads, and the activations' loads for unit j serve every row. While the
-// units are computed the next ones' loads are in flight in registers.
+// stretch starts up to 14 bytes early; a stretch inside the matrix, all but the first and
+// last, is loaded without per-word bounds checks), lane l then reads block l of each unit
+// with three 16-byte shared loads, and the activations' loads for unit j serve every row
+// (for a whole unit two coalesced 512-byte loads a column, half-warps swapping halves with
+// one shuffle round; for a shorter one, a lane's two 16-byte loads of its block). While the units are computed the next ones' loads are in flight in registers.
 #define Q8_STAGE_WORDS 72  // (14 + 1088) / 16 rounded up
 
 struct alignas(16) q8_u4 {
     unsigned int a, b, c, d;
 };
 
+// A 16-byte load that skips L1 (p is 16-byte aligned and inside the weights).
+static __device__ __forceinline__ q8_u4 q8_ld16(const unsigned char* p) {
+    q8_u4 r;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.a), "=r"(r.b), "=r"(r.c), "=r"(r.d) : "l"(p));
+    return r;
+}
+
 // The 16-byte word at byte a of the weights (w + a is 16-aligned; the weights are
 // [0, end)): whole when inside, otherwise the bytes that are inside, 16 bits at a time (W
-// is 2-byte aligned), zeros elsewhere.
+// is 2-byte aligned), zeros elsewhere. Only for a stretch that crosses the matrix's ends.
 static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict__ w,
                                                 long long a, long long end) {
     if (a >= 0 && a + 16 <= end) {
@@ -167,6 +178,12 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 // block calling it must have at most Q8_GEMV_Q8_WARPS warps, each calling it whole.
 // y must not be __restrict__: with accumulate, each element is read and then written by
 // the same thread (the residual add in place).
+// 5 blocks an SM (GEMV_Q8_BLOCKS_PER_SM in q8.rs): at most 96 registers a thread, which
+// NVRTC 12.2 for sm_87 would otherwise exceed (103) and leave room for 4.
+#ifndef Q8_GEMV_Q8_MIN_BLOCKS
+#define Q8_GEMV_Q8_MIN_BLOCKS 5
+#endif
+
 static __device__ __forceinline__ void q8_gemv_q8_rows(
     const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
     const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
@@ -204,9 +221,16 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
                 foff[d] = (int)((s_ + w_mis) & 15);                                        \
                 const long long a_ = s_ - foff[d];                                         \
                 const int words_ = (foff[d] + nblk_ * Q8_BLOCK_BYTES + 15) >> 4;           \
-                if (lane < words_) r0[d] = q8_word(w, a_ + 16 * lane, end);                \
-                if (lane + 32 < words_) r1[d] = q8_word(w, a_ + 16 * (lane + 32), end);    \
-                if (lane + 64 < words_) r2[d] = q8_word(w, a_ + 16 * (lane + 64), end);    \
+                if (a_ >= 0 && a_ + 16 * words_ <= end) { /* warp-uniform: no edge */     \
+                    const unsigned char* p_ = w + a_ + 16 * lane;                          \
+                    if (lane < words_) r0[d] = q8_ld16(p_);                                \
+                    if (lane + 32 < words_) r1[d] = q8_ld16(p_ + 512);                     \
+                    if (lane + 64 < words_) r2[d] = q8_ld16(p_ + 1024);                    \
+                } else {                                                                   \
+                    if (lane < words_) r0[d] = q8_word(w, a_ + 16 * lane, end);            \
+                    if (lane + 32 < words_) r1[d] = q8_word(w, a_ + 16 * (lane + 32), end);\
+                    if (lane + 64 < words_) r2[d] = q8_word(w, a_ + 16 * (lane + 64), end);\
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
         if (++u == nunits) {                                                               \
@@ -241,7 +265,14 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
         else frow0 = rows;
 
         const int b = 32 * cu + lane;
-        if (b < nb) {
+        {
+            // The unit's activations, x words 2l and 2l+1 (of 64) being block l's: lane
+            // l < 16 loads words 2l and 33+2l, lane l+16 words 2l+1 and 32+2l (two coalesced
+            // 512-byte loads), then l and l+16 swap the word the other one needs.
+            const int nxw = 2 * (nb - 32 * cu < 32 ? nb - 32 * cu : 32);  // x words of the unit
+            const int lo16 = lane & 15;
+            const int xw0 = lane < 16 ? 2 * lo16 : 2 * lo16 + 1;
+            const int xw1 = lane < 16 ? 33 + 2 * lo16 : 32 + 2 * lo16;
             float dw[Q8_GEMV_Q8_ROWS];
             int wq[Q8_GEMV_Q8_ROWS][8];
 #pragma unroll
@@ -254,12 +285,13 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
                 const unsigned int W[12] = {A.a, A.b, A.c, A.d, B.a, B.b,
                                             B.c, B.d, C.a, C.b, C.c, C.d};
                 const int sh = bo & 15;
-                const int sw = sh >> 2;       // the scale's word (0..3)
-                const bool half = (sh & 2) != 0;
-                unsigned int t[9];            // words sw .. sw+8
+                // Words sw .. sw+8 (sw = sh >> 2, the scale's word) in two select steps.
+                unsigned int v[10], t[9];
 #pragma unroll
-                for (int i = 0; i < 9; ++i)
-                    t[i] = sw == 0 ? W[i] : sw == 1 ? W[i + 1] : sw == 2 ? W[i + 2] : W[i + 3];
+                for (int i = 0; i < 10; ++i) v[i] = (sh & 8) ? W[i + 2] : W[i];
+#pragma unroll
+                for (int i = 0; i < 9; ++i) t[i] = (sh & 4) ? v[i + 1] : v[i];
+                const bool half = (sh & 2) != 0;
                 const unsigned int hw = half ? t[0] >> 16 : t[0] & 0xffffu;
                 dw[d] = q8_f16_to_f32((unsigned short)hw);
                 // Quants at sh + 2: word-aligned when half (t[1..8]), else 16 bits on.
@@ -270,9 +302,23 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
-                    const q8_i4* xb = (const q8_i4*)(xq + (long long)c * k + b * 32);
-                    const q8_i4 x0 = xb[0];
-                    const q8_i4 x1 = xb[1];
+                    const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
+                    q8_i4 x0, x1;
+                    if (nxw == 64) {  // a whole unit (warp-uniform)
+                        const q8_i4 xa = xu[xw0];
+                        const q8_i4 xc = xu[xw1];
+                        const q8_i4 give = lane < 16 ? xc : xa;
+                        x1.a = __shfl_xor_sync(0xffffffffu, give.a, 16);
+                        x1.b = __shfl_xor_sync(0xffffffffu, give.b, 16);
+                        x1.c = __shfl_xor_sync(0xffffffffu, give.c, 16);
+                        x1.d = __shfl_xor_sync(0xffffffffu, give.d, 16);
+                        x0 = lane < 16 ? xa : xc;
+                    } else {
+                        if (b >= nb) continue;
+                        x0 = xu[2 * lane];
+                        x1 = xu[2 * lane + 1];
+                    }
+                    if (b >= nb) continue;
                     const float dx = xd[(long long)c * nb + b];
 #pragma unroll
                     for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
@@ -314,7 +360,7 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
 #undef Q8_FETCH_ALL
 }
 
-extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
+extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS, Q8_GEMV_Q8_MIN_BLOCKS)
 q8_gemv_q8(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
            const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows,
            int k, int ncols, int accumulate) {

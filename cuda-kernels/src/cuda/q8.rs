@@ -24,9 +24,28 @@ pub const GEMV_Q8_WARPS: usize = 4;
 /// Rows each `q8_gemv_q8` warp takes side by side: `Q8_GEMV_Q8_ROWS`.
 pub const GEMV_Q8_ROWS_PER_WARP: usize = 2;
 /// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
-/// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87), so that every
-/// SM keeps 20 warps' loads in flight (tuned on GPGPU-Sim, docs/native-and-cuda.md).
+/// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87; the kernel's
+/// launch bound `Q8_GEMV_Q8_MIN_BLOCKS` keeps it there), so that every SM keeps 20 warps'
+/// loads in flight (tuned on GPGPU-Sim, docs/native-and-cuda.md).
 pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
+
+/// `q8_gemv_q8`'s grid for `rows` on `sm_count` SMs: at most [`GEMV_Q8_BLOCKS_PER_SM`] blocks
+/// an SM, and only as many warps as give every warp the same number of row groups (passes
+/// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, two
+/// passes each, not 40 blocks where 60% of the warps make a second pass that the SMs run
+/// under-filled.
+pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
+    let sms = sm_count.max(1);
+    let cap = sms * GEMV_Q8_BLOCKS_PER_SM;
+    let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
+    let passes = groups.div_ceil(cap * GEMV_Q8_WARPS).max(1);
+    let blocks = groups.div_ceil(passes).div_ceil(GEMV_Q8_WARPS);
+    // Whole SMs, but no block without a row group in the first pass.
+    (blocks.div_ceil(sms) * sms)
+        .min(cap)
+        .min(groups.div_ceil(GEMV_Q8_WARPS))
+}
+
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.
 pub const QUANTIZE_BLOCKS_PER_CTA: usize = 8;
 /// GEMM tile: `16 * Q8_GEMM_TR` rows by `16 * Q8_GEMM_TT` tokens, 16 x 16 threads.
@@ -195,9 +214,7 @@ fn aligned(what: &'static str, addr: u64, align: u64) -> Result<(), Q8Error> {
 /// `bias` has `rows` entries (added to every column). With `accumulate`, the result is added
 /// to what `y` holds (the residual add, in place) instead of replacing it.
 ///
-/// Block 32 * [`GEMV_Q8_WARPS`], grid min(ceil(rows / ([`GEMV_Q8_WARPS`] *
-/// [`GEMV_Q8_ROWS_PER_WARP`])), SM count * [`GEMV_Q8_BLOCKS_PER_SM`]); one launch for every
-/// column.
+/// Block 32 * [`GEMV_Q8_WARPS`], grid [`gemv_q8_blocks`]; one launch for every column.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_q8_into(
     gpu: &Gpu,
@@ -226,9 +243,7 @@ pub fn gemv_q8_into(
         return Ok(());
     }
     let f = gpu.function("q8_gemv", "q8_gemv_q8")?;
-    let blocks = rows
-        .div_ceil(GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP)
-        .min(gpu.sm_count.max(1) * GEMV_Q8_BLOCKS_PER_SM);
+    let blocks = gemv_q8_blocks(rows, gpu.sm_count);
     let cfg = LaunchConfig {
         grid_dim: (int("rows", blocks)? as u32, 1, 1),
         block_dim: (32 * GEMV_Q8_WARPS as u32, 1, 1),
@@ -419,4 +434,36 @@ pub fn gemm_parts(
     // against rows, k and tokens above.
     unsafe { launch.launch(cfg) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row group gets a warp, no warp more passes than another, no more than the cap.
+    #[test]
+    fn gemv_q8_grid_balances_the_passes() {
+        for sms in [1, 8, 16] {
+            for rows in [1, 7, 192, 512, 576, 1024, 1536, 4096, 14336] {
+                let blocks = gemv_q8_blocks(rows, sms);
+                let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
+                let warps = blocks * GEMV_Q8_WARPS;
+                assert!(
+                    blocks >= 1 && blocks <= sms * GEMV_Q8_BLOCKS_PER_SM,
+                    "{rows} on {sms}"
+                );
+                let cap = sms * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
+                // As few passes as the full grid would make, with the blocks needed for them.
+                assert_eq!(
+                    groups.div_ceil(warps),
+                    groups.div_ceil(cap),
+                    "{rows} on {sms}"
+                );
+                // Whole SMs unless the rows run out first.
+                assert!(blocks % sms == 0 || blocks == groups.div_ceil(GEMV_Q8_WARPS));
+            }
+        }
+        assert_eq!(gemv_q8_blocks(512, 8), 32);
+        assert_eq!(gemv_q8_blocks(4096, 8), 40);
+    }
 }
