@@ -83,6 +83,13 @@ install_apt_packages() {
 
 install_apt_packages "${APT_PACKAGES[@]}"
 
+# npm (issue 30): `make codex-cli` installs the Codex CLI from the npm registry for
+# tests/python/test_codex_cli.py (it needs node >= 16). A machine with its own Node.js
+# (e.g. NodeSource's nodejs, which carries npm and conflicts with Debian's npm) keeps it.
+if ! command -v npm >/dev/null 2>&1; then
+    install_apt_packages npm
+fi
+
 # --- Rust toolchain -------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"
