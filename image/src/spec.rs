@@ -37,6 +37,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "device",
     "cpu_fallback",
     "api_key",
+    "cors_origin",
     "insecure_no_auth",
     "queue_timeout_ms",
     "shutdown_timeout_secs",
