@@ -15,13 +15,21 @@ use crate::{ensure, ensure_eq};
 
 const G: Group = Group::Memory;
 const MIB: u64 = 1 << 20;
-const TERMS: [&str; 5] = ["weights", "kv", "compute", "overhead", "margin"];
+/// llama.cpp's ledger; `constraint` is structured output's parsers (that backend only).
+const TERMS: &[&str] = &[
+    "weights",
+    "kv",
+    "compute",
+    "overhead",
+    "constraint",
+    "margin",
+];
 /// The native backend's ledger: its forward pass's scratch in place of llama.cpp's compute
 /// buffer.
-const NATIVE_TERMS: [&str; 5] = ["weights", "kv", "scratch", "overhead", "margin"];
+const NATIVE_TERMS: &[&str] = &["weights", "kv", "scratch", "overhead", "margin"];
 
 /// The terms a `check --json` answer should have, by the backend its plan names.
-fn terms_for(d: &Value) -> [&'static str; 5] {
+fn terms_for(d: &Value) -> &'static [&'static str] {
     if d["plan"]["backend"] == "native" {
         NATIVE_TERMS
     } else {
@@ -182,7 +190,7 @@ pub fn register(r: &mut Registry) {
         G,
         "memory.check.terms_named",
         "The ledger names every term",
-        "terms weights, kv, compute, overhead, margin in that order",
+        "terms weights, kv, compute, overhead, constraint, margin in that order (native: weights, kv, scratch, overhead, margin)",
         |c, ev| {
             let (_, d) = check(c, &SHARED_ARGS)?;
             let names: Vec<String> = d["ledger"]["terms"]
