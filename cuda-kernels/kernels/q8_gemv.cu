@@ -193,32 +193,17 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 #define Q8_GEMV_Q8_MIN_BLOCKS 5
 #endif
 
-static __device__ __forceinline__ void q8_gemv_q8_rows(
+// The matvec proper, with the activations staged (XST) or read from global: two copies, so
+// that each gets its own registers (one loop with both paths spilled on sm_90).
+template <bool XST>
+static __device__ __forceinline__ void q8_gemv_q8_units(
     const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
     const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
-    int ncols, int accumulate, int group, int groups, long long ystride) {
-    __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
-    __shared__ q8_i4 xs[Q8_XS_BYTES / 16];
-    __shared__ float xds[Q8_XS_BYTES / 32];
+    int ncols, int accumulate, int group, int groups, long long ystride,
+    q8_u4 (*stage)[Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS], const q8_i4* xs, const float* xds) {
     const int lane = threadIdx.x & 31;
     const int nb = k >> 5;
     const int nunits = (nb + 31) >> 5;
-    // Activations that fit are staged once per block (block-uniform test): column c's unit
-    // u (m = min(32, nb - 32u) blocks, 2m words) at words c*k/16 + 64u, block l's two words
-    // at l and m + l, so lane l's reads are conflict-free.
-    const bool xst = ncols * k <= Q8_XS_BYTES;
-    if (xst) {
-        __syncthreads();  // a previous call of this block may still read xs
-        const int kw = k >> 4;
-        for (int i = threadIdx.x; i < ncols * kw; i += blockDim.x) {
-            const int c = i / kw, wi = i - c * kw, uu = wi >> 6, r = wi & 63;
-            const int m = nb - 32 * uu < 32 ? nb - 32 * uu : 32;
-            xs[c * kw + 64 * uu + (r & 1) * m + (r >> 1)] =
-                ((const q8_i4*)(xq + (long long)c * k))[wi];
-        }
-        for (int i = threadIdx.x; i < ncols * nb; i += blockDim.x) xds[i] = xd[i];
-        __syncthreads();
-    }
     const long long row_bytes = (long long)nb * Q8_BLOCK_BYTES;
     const long long end = (long long)rows * row_bytes;
     const int w_mis = (int)((unsigned long long)w & 15);  // the weights' offset from 16
@@ -330,7 +315,7 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
                     q8_i4 x0, x1;
-                    if (xst) {  // staged (block-uniform)
+                    if (XST) {  // staged
                         if (b >= nb) continue;
                         const q8_i4* xu = xs + c * (k >> 4) + 64 * cu;
                         x0 = xu[lane];
@@ -352,7 +337,7 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
                         x1 = xu[2 * lane + 1];
                     }
                     if (b >= nb) continue;
-                    const float dx = xst ? xds[c * nb + b] : xd[(long long)c * nb + b];
+                    const float dx = XST ? xds[c * nb + b] : xd[(long long)c * nb + b];
 #pragma unroll
                     for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
                         int isum = __dp4a(wq[d][0], x0.a, 0);
@@ -391,6 +376,35 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
         }
     }
 #undef Q8_FETCH_ALL
+}
+
+static __device__ __forceinline__ void q8_gemv_q8_rows(
+    const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+    const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
+    int ncols, int accumulate, int group, int groups, long long ystride) {
+    __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
+    __shared__ q8_i4 xs[Q8_XS_BYTES / 16];
+    __shared__ float xds[Q8_XS_BYTES / 32];
+    // Activations that fit are staged once per block (block-uniform test): column c's unit
+    // u (m = min(32, nb - 32u) blocks, 2m words) at words c*k/16 + 64u, block l's two words
+    // at l and m + l, so lane l's reads are conflict-free.
+    if (ncols * k > Q8_XS_BYTES) {
+        q8_gemv_q8_units<false>(w, xq, xd, bias, y, rows, k, ncols, accumulate, group, groups,
+                                ystride, stage, xs, xds);
+        return;
+    }
+    const int nb = k >> 5, kw = k >> 4;
+    __syncthreads();  // a previous call of this block may still read xs
+    for (int i = threadIdx.x; i < ncols * kw; i += blockDim.x) {
+        const int c = i / kw, wi = i - c * kw, uu = wi >> 6, r = wi & 63;
+        const int m = nb - 32 * uu < 32 ? nb - 32 * uu : 32;
+        xs[c * kw + 64 * uu + (r & 1) * m + (r >> 1)] =
+            ((const q8_i4*)(xq + (long long)c * k))[wi];
+    }
+    for (int i = threadIdx.x; i < ncols * nb; i += blockDim.x) xds[i] = xd[i];
+    __syncthreads();
+    q8_gemv_q8_units<true>(w, xq, xd, bias, y, rows, k, ncols, accumulate, group, groups,
+                           ystride, stage, xs, xds);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS, Q8_GEMV_Q8_MIN_BLOCKS)
