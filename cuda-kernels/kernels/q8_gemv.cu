@@ -42,7 +42,7 @@
 // wrapper sizes the grid from the SM count and the rows, every warp as many row groups).
 // xq must be 16-byte aligned (k is a multiple of 32, so every block then is), xd, bias and
 // y 4-byte. Static shared memory: 1152 bytes per warp and row (9 KiB with 4 warps of 2
-// rows).
+// rows), plus Q8_XS_BYTES and an eighth of it for the staged activations (18 KiB in all).
 
 #ifndef Q8_GEMV_ROWS_PER_BLOCK
 #define Q8_GEMV_ROWS_PER_BLOCK 4
@@ -126,10 +126,18 @@ struct alignas(16) q8_i4 {
 // shared staging area with coalesced, aligned 16-byte loads that skip L1 (ld.global.cg; the
 // stretch starts up to 14 bytes early; a stretch inside the matrix, all but the first and
 // last, is loaded without per-word bounds checks), lane l then reads block l of each unit
-// with three 16-byte shared loads, and the activations' loads for unit j serve every row
-// (for a whole unit two coalesced 512-byte loads a column, half-warps swapping halves with
-// one shuffle round; for a shorter one, a lane's two 16-byte loads of its block). While the units are computed the next ones' loads are in flight in registers.
+// with three 16-byte shared loads, and the activations' loads for unit j serve every row.
+// Activations of at most Q8_XS_BYTES (ncols * k) are copied into shared memory once per
+// block, between two barriers, and lane l reads its block's two words there (0.49 -> 0.59
+// of the copy kernel at 512x4096 on the simulator); larger ones are read from global a unit
+// at a time (for a whole unit two coalesced 512-byte loads a column, half-warps swapping
+// halves with one shuffle round; for a shorter one, a lane's two 16-byte loads of its
+// block). While the units are computed the next ones' loads are in flight in registers.
 #define Q8_STAGE_WORDS 72  // (14 + 1088) / 16 rounded up
+// Activation bytes (ncols * k) a block stages in shared memory; more are read from global.
+#ifndef Q8_XS_BYTES
+#define Q8_XS_BYTES 8192
+#endif
 
 struct alignas(16) q8_u4 {
     unsigned int a, b, c, d;
@@ -175,7 +183,8 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 // q8_gemv_q8's body as a device function, so fused kernels (layer.cu) run the same matvec
 // between a prologue and an epilogue of their own: warp `group` of `groups` takes its rows
 // of the `rows` rows of w as below; column c of the result is y[c * ystride + row]. A
-// block calling it must have at most Q8_GEMV_Q8_WARPS warps, each calling it whole.
+// block calling it must have at most Q8_GEMV_Q8_WARPS warps, and every thread of the block
+// calls it (the activations' staging has block barriers).
 // y must not be __restrict__: with accumulate, each element is read and then written by
 // the same thread (the residual add in place).
 // 5 blocks an SM (GEMV_Q8_BLOCKS_PER_SM in q8.rs): at most 96 registers a thread, which
@@ -184,11 +193,14 @@ static __device__ __forceinline__ q8_u4 q8_word(const unsigned char* __restrict_
 #define Q8_GEMV_Q8_MIN_BLOCKS 5
 #endif
 
-static __device__ __forceinline__ void q8_gemv_q8_rows(
+// The matvec proper, with the activations staged (XST) or read from global: two copies, so
+// that each gets its own registers (one loop with both paths spilled on sm_90).
+template <bool XST>
+static __device__ __forceinline__ void q8_gemv_q8_units(
     const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
     const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
-    int ncols, int accumulate, int group, int groups, long long ystride) {
-    __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
+    int ncols, int accumulate, int group, int groups, long long ystride,
+    q8_u4 (*stage)[Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS], const q8_i4* xs, const float* xds) {
     const int lane = threadIdx.x & 31;
     const int nb = k >> 5;
     const int nunits = (nb + 31) >> 5;
@@ -302,9 +314,14 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
-                    const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
                     q8_i4 x0, x1;
-                    if (nxw == 64) {  // a whole unit (warp-uniform)
+                    if (XST) {  // staged
+                        if (b >= nb) continue;
+                        const q8_i4* xu = xs + c * (k >> 4) + 64 * cu;
+                        x0 = xu[lane];
+                        x1 = xu[(nxw >> 1) + lane];
+                    } else if (nxw == 64) {  // a whole unit (warp-uniform)
+                        const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
                         const q8_i4 xa = xu[xw0];
                         const q8_i4 xc = xu[xw1];
                         const q8_i4 give = lane < 16 ? xc : xa;
@@ -315,11 +332,12 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
                         x0 = lane < 16 ? xa : xc;
                     } else {
                         if (b >= nb) continue;
+                        const q8_i4* xu = (const q8_i4*)(xq + (long long)c * k + cu * 1024);
                         x0 = xu[2 * lane];
                         x1 = xu[2 * lane + 1];
                     }
                     if (b >= nb) continue;
-                    const float dx = xd[(long long)c * nb + b];
+                    const float dx = XST ? xds[c * nb + b] : xd[(long long)c * nb + b];
 #pragma unroll
                     for (int d = 0; d < Q8_GEMV_Q8_ROWS; ++d) {
                         int isum = __dp4a(wq[d][0], x0.a, 0);
@@ -358,6 +376,35 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
         }
     }
 #undef Q8_FETCH_ALL
+}
+
+static __device__ __forceinline__ void q8_gemv_q8_rows(
+    const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+    const float* __restrict__ xd, const float* __restrict__ bias, float* y, int rows, int k,
+    int ncols, int accumulate, int group, int groups, long long ystride) {
+    __shared__ q8_u4 stage[Q8_GEMV_Q8_WARPS][Q8_GEMV_Q8_ROWS][Q8_STAGE_WORDS];
+    __shared__ q8_i4 xs[Q8_XS_BYTES / 16];
+    __shared__ float xds[Q8_XS_BYTES / 32];
+    // Activations that fit are staged once per block (block-uniform test): column c's unit
+    // u (m = min(32, nb - 32u) blocks, 2m words) at words c*k/16 + 64u, block l's two words
+    // at l and m + l, so lane l's reads are conflict-free.
+    if (ncols * k > Q8_XS_BYTES) {
+        q8_gemv_q8_units<false>(w, xq, xd, bias, y, rows, k, ncols, accumulate, group, groups,
+                                ystride, stage, xs, xds);
+        return;
+    }
+    const int nb = k >> 5, kw = k >> 4;
+    __syncthreads();  // a previous call of this block may still read xs
+    for (int i = threadIdx.x; i < ncols * kw; i += blockDim.x) {
+        const int c = i / kw, wi = i - c * kw, uu = wi >> 6, r = wi & 63;
+        const int m = nb - 32 * uu < 32 ? nb - 32 * uu : 32;
+        xs[c * kw + 64 * uu + (r & 1) * m + (r >> 1)] =
+            ((const q8_i4*)(xq + (long long)c * k))[wi];
+    }
+    for (int i = threadIdx.x; i < ncols * nb; i += blockDim.x) xds[i] = xd[i];
+    __syncthreads();
+    q8_gemv_q8_units<true>(w, xq, xd, bias, y, rows, k, ncols, accumulate, group, groups,
+                           ystride, stage, xs, xds);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS, Q8_GEMV_Q8_MIN_BLOCKS)
