@@ -9,11 +9,11 @@ use super::items::turns;
 use super::output::check_max_tokens;
 use super::request::{unsupported, Input, InvalidRequest, ValidRequest};
 use super::sampling::sampling;
-use super::tools::{finish, function, push_tool};
+use super::tools::{self, finish, function, push_tool};
 use crate::engine::constraint::Grammar;
 use crate::http::responses::wire::{Echo, ResponsesRequest};
 use crate::http::wire::WireSampling;
-use crate::tools::{Tool, ToolChoice, ToolUse};
+use crate::tools::{Tool, ToolUse};
 
 /// OpenAI's limits on `metadata`: 16 pairs, keys up to 64 characters, values up to 512.
 const MAX_METADATA: usize = 16;
@@ -236,35 +236,15 @@ fn tool_use(
         push_tool(&mut parsed, tool, &format!("tools[{i}].name"))?;
     }
     let choice = match choice.filter(|c| !c.is_null()) {
-        None if parsed.is_empty() => ToolChoice::None,
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(InvalidRequest::field(
-                    "tool_choice",
-                    format!(
-                        "must be none, auto, required or {{\"type\": \"function\", \"name\": …}} \
-                         (got `{other}`)"
-                    ),
-                ))
-            }
-        },
+        None => tools::default_choice(&parsed),
+        Some(Value::String(s)) => tools::choice_mode(s, "{\"type\": \"function\", \"name\": …}")?,
         Some(obj) => match obj.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let name = obj
                     .get("name")
                     .and_then(Value::as_str)
                     .ok_or_else(|| InvalidRequest::field("tool_choice.name", "is required"))?;
-                if !parsed.iter().any(|t| t.name == name) {
-                    return Err(InvalidRequest::field(
-                        "tool_choice.name",
-                        format!("`{name}` is not one of `tools`"),
-                    ));
-                }
-                ToolChoice::Named(name.to_string())
+                tools::named_choice(&parsed, name, "tool_choice.name")?
             }
             other => {
                 return Err(unsupported(

@@ -94,23 +94,10 @@ pub(super) fn push_tool(
 
 /// Chat's `tool_choice`: a mode, or `{"type": "function", "function": {"name": …}}`.
 fn chat_choice(parsed: &[Tool], choice: Option<&Value>) -> Result<ToolChoice, InvalidRequest> {
+    const FORM: &str = "{\"type\": \"function\", \"function\": {\"name\": …}}";
     Ok(match choice.filter(|c| !c.is_null()) {
-        None if parsed.is_empty() => ToolChoice::None,
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(InvalidRequest::field(
-                    "tool_choice",
-                    format!(
-                        "must be none, auto, required or {{\"type\": \"function\", \"function\": \
-                         {{\"name\": …}}}} (got `{other}`)"
-                    ),
-                ))
-            }
-        },
+        None => default_choice(parsed),
+        Some(Value::String(s)) => choice_mode(s, FORM)?,
         Some(obj) => {
             let name = obj
                 .get("function")
@@ -120,19 +107,49 @@ fn chat_choice(parsed: &[Tool], choice: Option<&Value>) -> Result<ToolChoice, In
                 .ok_or_else(|| {
                     InvalidRequest::field(
                         "tool_choice",
-                        "must be none, auto, required or {\"type\": \"function\", \
-                         \"function\": {\"name\": …}}",
+                        format!("must be none, auto, required or {FORM}"),
                     )
                 })?;
-            if !parsed.iter().any(|t| t.name == name) {
-                return Err(InvalidRequest::field(
-                    "tool_choice.function.name",
-                    format!("`{name}` is not one of `tools`"),
-                ));
-            }
-            ToolChoice::Named(name.to_string())
+            named_choice(parsed, name, "tool_choice.function.name")?
         }
     })
+}
+
+/// No `tool_choice`: `auto` when tools are offered, else `none` (OpenAI's default).
+pub(super) fn default_choice(parsed: &[Tool]) -> ToolChoice {
+    if parsed.is_empty() {
+        ToolChoice::None
+    } else {
+        ToolChoice::Auto
+    }
+}
+
+/// A `tool_choice` mode string; `form` is how this API spells a named choice, for the error.
+pub(super) fn choice_mode(mode: &str, form: &str) -> Result<ToolChoice, InvalidRequest> {
+    match mode {
+        "none" => Ok(ToolChoice::None),
+        "auto" => Ok(ToolChoice::Auto),
+        "required" => Ok(ToolChoice::Required),
+        other => Err(InvalidRequest::field(
+            "tool_choice",
+            format!("must be none, auto, required or {form} (got `{other}`)"),
+        )),
+    }
+}
+
+/// A choice naming one of the offered tools; `at` is the field that names it.
+pub(super) fn named_choice(
+    parsed: &[Tool],
+    name: &str,
+    at: &str,
+) -> Result<ToolChoice, InvalidRequest> {
+    if !parsed.iter().any(|t| t.name == name) {
+        return Err(InvalidRequest::field(
+            at,
+            format!("`{name}` is not one of `tools`"),
+        ));
+    }
+    Ok(ToolChoice::Named(name.to_string()))
 }
 
 /// The offer once its tools and choice are read: `None` when no tool may be called.
