@@ -47,13 +47,19 @@ pub(super) fn register(r: &mut Registry) {
         G,
         "load.fanout.waiter_queue_ms",
         "The waiter reports its time in the queue",
-        "timings.queue_ms of the request that waited > 50 ms",
+        "timings.queue_ms of the request that waited ≥ the time the client held every slot \
+         after seeing it queued (≥ 150 ms)",
         |c, ev| {
             let f = fan_out(c)?;
             let q = f.waiter["timings"]["queue_ms"].as_f64().unwrap_or(-1.0);
             ev.put("timings", f.waiter["timings"].clone());
-            ensure!(q > 50.0, "> 50 ms", format!("{q} ms"));
-            Ok(format!("waited {q:.0} ms"))
+            ev.put("held_ms", f.held_ms);
+            ensure!(
+                q >= f.held_ms,
+                format!("≥ {:.0} ms (slots held after it queued)", f.held_ms),
+                format!("{q} ms")
+            );
+            Ok(format!("waited {q:.0} ms, slots held {:.0} ms", f.held_ms))
         },
     )
     .exclusive();

@@ -170,6 +170,8 @@ struct FanOut {
     status_full: Value,
     status_queued: Value,
     waiter: Value,
+    /// From seeing the extra request queued to releasing the slots: a floor on its queue time.
+    held_ms: f64,
 }
 
 fn fan_out(c: &Ctx) -> Result<FanOut, Stop> {
@@ -187,6 +189,10 @@ fn fan_out(c: &Ctx) -> Result<FanOut, Stop> {
         let status_queued = t.wait_status(SETTLE, "the extra request queued", |s| {
             s["queue"]["depth"].as_u64() == Some(1)
         })?;
+        let seen_queued = Instant::now();
+        // Hold the slots a while longer so the waiter's queue time has a known floor.
+        std::thread::sleep(Duration::from_millis(150));
+        let held_ms = seen_queued.elapsed().as_secs_f64() * 1000.0;
         drop(held);
         let waiter = crate::target::json_200(&join(extra)?, "the queued request")?;
         Ok(FanOut {
@@ -194,6 +200,7 @@ fn fan_out(c: &Ctx) -> Result<FanOut, Stop> {
             status_full,
             status_queued,
             waiter,
+            held_ms,
         })
     }))
     .clone()
