@@ -142,7 +142,7 @@ $(CODEX_BIN):
 
 pytest: $(VENV)/.installed model build
 	-$(MAKE) --no-print-directory codex-cli
-	CODEX_BIN=$(abspath $(CODEX_BIN)) INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q -rs tests/python
+	CODEX_BIN=$(abspath $(CODEX_BIN)) INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q -rs --durations=12 tests/python
 
 bench: $(VENV)/.installed model build model-q8
 	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
@@ -359,7 +359,7 @@ test-native: $(VENV)/.installed model-q8
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL_Q8) --serve-args "--backend native --device cpu" \
 	  --report out/qual-native $(QUAL_ARGS)
 	INFERLOOPD=$(abspath $(BIN)) INFERLOOP_TEST_MODEL=$(abspath $(MODEL_Q8)) \
-	  INFERLOOPD_ARGS="--backend native --device cpu" $(VENV)/bin/pytest -q tests/python
+	  INFERLOOPD_ARGS="--backend native --device cpu" $(VENV)/bin/pytest -q -rs --durations=12 tests/python
 
 # --- A/B updates with RAUC (issue 15) -----------------------------------------------------
 #
