@@ -128,6 +128,9 @@ def shows_box(drv, model_id: str) -> None:
         e.text for e in drv.find_elements(By.CSS_SELECTOR, "#temps td.temp")
         if TEMPERATURE.match(e.text)])
     assert "45.8 °C" in temps, temps  # the fixture's gpu-thermal zone
+    # Trends: seeded from /v1/thermal's history, then one sample per refresh.
+    wait_for("a temperature trend", lambda: drv.find_elements(By.CSS_SELECTOR, "#temps svg.spark polyline"))
+    wait_for("a clock trend", lambda: drv.find_elements(By.CSS_SELECTOR, "#clocks svg.spark polyline"))
     assert text(drv, "#board").startswith("jetson-orin-nx-16gb"), text(drv, "#board")
     assert re.fullmatch(r"[0-9a-f]{64}|hashing…", text(drv, "#model-sha")), text(drv, "#model-sha")
     assert text(drv, "#thermal-state") == "normal"

@@ -11,6 +11,7 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 let apiKey = null;
 let keyRequired = false;
 let modelId = null;
+let trendsSeeded = false;
 const trends = new Map();
 const chat = { messages: [], abort: null };
 
@@ -176,14 +177,14 @@ function renderMetrics(ms) {
 
   const ttft = histogram(ms, "inferloop_ttft_seconds");
   const ttftBars = ttft.buckets.map((b, i) => ({
-    label: isFinite(b.le) ? "≤" + seconds(b.le) : ">" + seconds(ttft.buckets[i - 1].le), count: b.count,
+    label: isFinite(b.le) || !i ? "≤" + seconds(b.le) : ">" + seconds(ttft.buckets[i - 1].le), count: b.count,
   }));
   drawHist("ttft-hist", ttftBars, ttft.count ? `${ttft.count} requests, mean ${seconds(ttft.sum / ttft.count)}` : "no requests yet");
   // Decode speed is the inverse of the time between tokens: the fastest bucket is the
   // shortest gap, so the inter-token buckets are drawn in reverse.
   const itl = histogram(ms, "inferloop_inter_token_seconds");
   const speedBars = itl.buckets.map((b, i) => ({
-    label: isFinite(b.le) ? "≥" + rate(1 / b.le) : "<" + rate(1 / itl.buckets[i - 1].le), count: b.count,
+    label: isFinite(b.le) || !i ? "≥" + rate(1 / b.le) : "<" + rate(1 / itl.buckets[i - 1].le), count: b.count,
   })).reverse();
   drawHist("speed-hist", speedBars, itl.count ? `${itl.count} token gaps, mean ${rate(itl.count / itl.sum)}` : "no tokens yet");
 }
@@ -230,6 +231,29 @@ function renderStatus(s) {
   $("queue").dataset.fromStatus = "1";
 }
 
+/**
+ * Seeds the trends from the box's own thermal history (`/v1/thermal`, behind the key), so
+ * they start full instead of empty: the last TREND_LEN readings, one per REFRESH_MS.
+ */
+async function seedTrends() {
+  const r = await fetch("/v1/thermal", { headers: authHeaders(), cache: "no-store" });
+  if (!r.ok) return;
+  const t = await r.json();
+  const every = Math.max(1, Math.round(REFRESH_MS / (t.interval_ms || REFRESH_MS)));
+  const picked = [];
+  const history = t.history || [];
+  for (let i = history.length - 1; i >= 0 && picked.length < TREND_LEN; i -= every) picked.unshift(history[i]);
+  const seeded = new Map();
+  const add = (key, v) => { if (!seeded.has(key)) seeded.set(key, []); seeded.get(key).push(v); };
+  for (const reading of picked) {
+    for (const z of reading.zones || []) add("temp:" + z.name, z.celsius);
+    const clocks = (reading.clocks || []).map((c) => ({ labels: { domain: c.domain }, value: c.hz }));
+    for (const c of clockRows(clocks)) add("clock:" + c.name, c.hz);
+  }
+  // The samples taken since load are newer than the history: they stay at the end.
+  for (const [key, values] of seeded) trends.set(key, values.concat(trends.get(key) || []).slice(-TREND_LEN));
+}
+
 // ---- polling ----
 
 function showKeyPanel(message) {
@@ -249,6 +273,10 @@ async function refresh() {
         showKeyPanel("The box refused that key.");
       } else if (r.ok) {
         renderStatus(await r.json());
+        if (!trendsSeeded) {
+          trendsSeeded = true;
+          await seedTrends();
+        }
       }
     }
     setText("updated", "updated " + new Date().toLocaleTimeString());
