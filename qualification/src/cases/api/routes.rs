@@ -292,16 +292,20 @@ pub(super) fn register(r: &mut Registry) {
             Ok("GET /v1/embeddings: 404 not_found".into())
         },
     );
-    // The id predates the page: `/` was a 404 before it served one.
+    // The id predates the page: `/` was a 404 before it served one. On the `cors` daemon,
+    // which has an API key: the page needs none, the API behind it still does.
     r.add(
         G,
         "api.route.root_404",
         "GET / serves the page on the box, without a key and without the box's data",
-        "200 text/html, Cache-Control no-cache, a CSP with default-src 'none' and \
-         script-src 'self' and no 'unsafe-inline'; sent without the key; the body names \
-         neither the model id nor its path (the page asks the API for them)",
+        "on a daemon with an API key, sent without it: 200 text/html, Cache-Control no-cache, \
+         a CSP with default-src 'none' and script-src 'self' and no 'unsafe-inline'; the body \
+         names neither the model id nor its path (the page asks the API for them); \
+         GET /v1/status without the key stays 401",
         |c, ev| {
-            let resp = c.target.send_raw(Request::get("/"))?;
+            let fx = c.fixture("cors")?;
+            let t = fx.target();
+            let resp = t.send_raw(Request::get("/"))?;
             ev.text("head", &resp.head.describe());
             ensure_eq!("status", resp.status(), 200);
             let ct = resp.header("content-type").unwrap_or_default();
@@ -325,7 +329,10 @@ pub(super) fn register(r: &mut Registry) {
                 "an HTML page loading /ui/app.js",
                 crate::case::snippet(&body, 300)
             );
-            let status = c.target.status()?;
+            let keyless = t.send_raw(Request::get("/v1/status"))?;
+            ev.text("status_without_key", &keyless.describe());
+            expect_error(&keyless, 401, None, Some("invalid_api_key"))?;
+            let status = t.status()?;
             let model = &status["model"];
             for (what, value) in [("id", &model["id"]), ("path", &model["path"])] {
                 let value = value.as_str().unwrap_or_default();
