@@ -42,7 +42,7 @@ help:
 	@echo "  model-q8 $(MODEL_Q8), quantized from $(MODEL) by inferloopd quantize"
 	@echo "  golden   llama.cpp vs the native forward pass on $(MODEL_Q8), bench/golden-prompts.txt -> out/golden.json"
 	@echo "  build    cargo build --release"
-	@echo "  pytest   Python tests with the official openai client (in $(VENV)) and the Codex CLI"
+	@echo "  pytest   Python tests with the official openai client (in $(VENV)), the Codex CLI and headless Chromium"
 	@echo "  codex-cli  install the pinned Codex CLI from npm into $(CODEX_DIR) (pytest does it too)"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"

@@ -90,6 +90,10 @@ if ! command -v npm >/dev/null 2>&1; then
     install_apt_packages npm
 fi
 
+# Headless Chromium and its WebDriver (issue 30) for tests/python/test_page_browser.py,
+# which drives the page at `/` through selenium.
+install_apt_packages chromium chromium-driver
+
 # --- Rust toolchain -------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"

@@ -5,6 +5,7 @@ mod conn;
 mod cors;
 pub mod error;
 mod generate;
+mod page;
 pub mod responses;
 mod routes;
 mod sse;
@@ -81,6 +82,11 @@ pub fn router(state: AppState) -> Router {
             require_api_key,
         ));
     Router::new()
+        // The page on the box needs no key: it holds no data, and asks the API for it.
+        .route("/", get(page::index))
+        .route("/ui/app.js", get(page::app_js))
+        .route("/ui/style.css", get(page::style_css))
+        .route("/ui/config", get(page::config))
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
         .route("/metrics", get(routes::metrics))

@@ -1,5 +1,5 @@
 //! Every route answers with its documented shape; `/v1` routes require the API key when one
-//! is set, the operational routes never do.
+//! is set, the operational routes and the page at `/` never do.
 
 use std::sync::LazyLock;
 
@@ -295,4 +295,78 @@ async fn operational_routes_need_no_api_key() {
         .post("/v1/chat/completions", &crate::harness::chat_body("Hi", 2))
         .await;
     assert_error(resp, 401, None, Some("invalid_api_key")).await;
+}
+
+// ---- the page at `/` ----
+
+/// The page and its assets need no key even when one is set, carry the strict CSP, and
+/// hold no data of the box: the API behind them keeps its auth.
+#[tokio::test]
+async fn page_needs_no_key_carries_a_strict_csp_and_holds_no_data() {
+    let d = started(&KEYED);
+    for (path, ty, marker) in [
+        (
+            "/",
+            "text/html; charset=utf-8",
+            r#"<script src="/ui/app.js" defer>"#,
+        ),
+        (
+            "/ui/app.js",
+            "text/javascript; charset=utf-8",
+            "/v1/chat/completions",
+        ),
+        (
+            "/ui/style.css",
+            "text/css; charset=utf-8",
+            "prefers-color-scheme",
+        ),
+    ] {
+        let resp = d.get(path).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(header(&resp, "content-type"), ty, "{path}");
+        assert_eq!(header(&resp, "cache-control"), "no-cache", "{path}");
+        assert_eq!(header(&resp, "x-content-type-options"), "nosniff", "{path}");
+        let csp = header(&resp, "content-security-policy");
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+        ] {
+            assert!(csp.contains(directive), "{path}: {csp}");
+        }
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp}");
+        let body = resp.text().await.expect("body");
+        assert!(body.contains(marker), "{path} lacks {marker:?}");
+        assert!(!body.contains(&model_id()), "{path} names the model");
+        assert!(!body.contains("secret"), "{path} holds the key");
+    }
+    let config = d.get("/ui/config").await;
+    assert_eq!(config.status(), 200);
+    let v: Value = config.json().await.expect("config JSON");
+    assert_eq!(v, json!({"api_key_required": true}));
+    // What the page shows comes from routes that still want the key.
+    for path in ["/v1/status", "/v1/thermal", "/v1/models"] {
+        assert_error(d.get(path).await, 401, None, Some("invalid_api_key")).await;
+    }
+}
+
+#[tokio::test]
+async fn page_answers_head_with_its_headers_and_no_body() {
+    let resp = http().head(shared().url("/")).send().await.expect("HEAD /");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "content-type"), "text/html; charset=utf-8");
+    assert!(!header(&resp, "content-security-policy").is_empty());
+    assert!(resp.bytes().await.expect("body").is_empty());
+}
+
+#[tokio::test]
+async fn page_config_says_no_key_is_needed_and_other_paths_stay_404() {
+    let d = shared();
+    let v: Value = d.get("/ui/config").await.json().await.expect("config JSON");
+    assert_eq!(v, json!({"api_key_required": false}));
+    for path in ["/index.html", "/ui/", "/ui/nope.js", "/app.js"] {
+        assert_error(d.get(path).await, 404, None, Some("not_found")).await;
+    }
+    let post = d.post("/", &json!({})).await;
+    assert_error(post, 405, None, Some("method_not_allowed")).await;
 }

@@ -280,23 +280,72 @@ pub(super) fn register(r: &mut Registry) {
         },
     )
     .inferloopd_only("/v1/thermal/history");
-    for (id, path) in [
-        ("api.route.unknown_v1_404", "/v1/embeddings"),
-        ("api.route.root_404", "/"),
-    ] {
-        r.add(
-            G,
-            id,
-            format!("GET {path} is an unknown route"),
-            "404 not_found in the OpenAI error shape",
-            move |c, ev| {
-                let resp = c.target.get(path)?;
-                ev.text("response", &resp.describe());
-                expect_error(&resp, 404, None, Some("not_found"))?;
-                Ok(format!("GET {path}: 404 not_found"))
-            },
-        );
-    }
+    r.add(
+        G,
+        "api.route.unknown_v1_404",
+        "GET /v1/embeddings is an unknown route",
+        "404 not_found in the OpenAI error shape",
+        |c, ev| {
+            let resp = c.target.get("/v1/embeddings")?;
+            ev.text("response", &resp.describe());
+            expect_error(&resp, 404, None, Some("not_found"))?;
+            Ok("GET /v1/embeddings: 404 not_found".into())
+        },
+    );
+    // The id predates the page: `/` was a 404 before it served one. On the `cors` daemon,
+    // which has an API key: the page needs none, the API behind it still does.
+    r.add(
+        G,
+        "api.route.root_404",
+        "GET / serves the page on the box, without a key and without the box's data",
+        "on a daemon with an API key, sent without it: 200 text/html, Cache-Control no-cache, \
+         a CSP with default-src 'none' and script-src 'self' and no 'unsafe-inline'; the body \
+         names neither the model id nor its path (the page asks the API for them); \
+         GET /v1/status without the key stays 401",
+        |c, ev| {
+            let fx = c.fixture("cors")?;
+            let t = fx.target();
+            let resp = t.send_raw(Request::get("/"))?;
+            ev.text("head", &resp.head.describe());
+            ensure_eq!("status", resp.status(), 200);
+            let ct = resp.header("content-type").unwrap_or_default();
+            ensure!(ct.starts_with("text/html"), "Content-Type text/html", ct);
+            ensure_eq!(
+                "Cache-Control",
+                resp.header("cache-control").unwrap_or_default(),
+                "no-cache"
+            );
+            let csp = resp.header("content-security-policy").unwrap_or_default();
+            ensure!(
+                csp.contains("default-src 'none'")
+                    && csp.contains("script-src 'self'")
+                    && !csp.contains("unsafe-inline"),
+                "a CSP with default-src 'none', script-src 'self', no 'unsafe-inline'",
+                csp
+            );
+            let body = resp.text();
+            ensure!(
+                body.contains("<html") && body.contains("/ui/app.js"),
+                "an HTML page loading /ui/app.js",
+                crate::case::snippet(&body, 300)
+            );
+            let keyless = t.send_raw(Request::get("/v1/status"))?;
+            ev.text("status_without_key", &keyless.describe());
+            expect_error(&keyless, 401, None, Some("invalid_api_key"))?;
+            let status = t.status()?;
+            let model = &status["model"];
+            for (what, value) in [("id", &model["id"]), ("path", &model["path"])] {
+                let value = value.as_str().unwrap_or_default();
+                ensure!(
+                    !value.is_empty() && !body.contains(value),
+                    format!("the page does not contain the model {what}"),
+                    format!("model {what} {value:?} found in the page")
+                );
+            }
+            Ok(format!("200 {ct}, {} bytes, CSP {csp:?}", body.len()))
+        },
+    )
+    .inferloopd_only("the page at /");
     for (id, method, path, allowed) in [
         (
             "api.method.get_chat_405",
