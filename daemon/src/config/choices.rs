@@ -7,19 +7,28 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PrefixCache {
-    /// Reuse only KV rows computed exactly as without reuse: temperature-0 output is the
-    /// same token for token as with reuse off.
+    /// Reuse every resident row, decoded ones included, wherever a prompt diverges, as
+    /// llama-server does: a shared system prompt or a resent chat history costs only what
+    /// is new. Temperature-0 output may differ from reuse off (llama.cpp rounds a row
+    /// differently by the batch it was computed in). `relaxed`, its name before it became
+    /// the default, is still accepted (deprecated).
+    #[serde(alias = "relaxed")]
+    #[value(alias = "relaxed")]
     On,
+    /// Reuse only KV rows computed exactly as without reuse: temperature-0 output is the
+    /// same token for token as with reuse off, at the cost of recomputing more.
+    Exact,
     Off,
-    /// Also reuse rows computed while decoding, as llama-server does: a resent chat history
-    /// recomputes only the new turn, and temperature-0 output may differ from reuse off
-    /// (llama.cpp rounds decoded rows differently from prompt rows).
-    Relaxed,
 }
 
 impl PrefixCache {
     pub fn enabled(self) -> bool {
         self != PrefixCache::Off
+    }
+
+    /// Only rows computed as without reuse are reused.
+    pub fn exact(self) -> bool {
+        self == PrefixCache::Exact
     }
 }
 
@@ -28,10 +37,11 @@ impl std::str::FromStr for PrefixCache {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
-            "on" => Ok(PrefixCache::On),
+            // `relaxed`: the deprecated name of `on`, kept for existing config files.
+            "on" | "relaxed" => Ok(PrefixCache::On),
+            "exact" => Ok(PrefixCache::Exact),
             "off" => Ok(PrefixCache::Off),
-            "relaxed" => Ok(PrefixCache::Relaxed),
-            other => Err(format!("expected `on`, `off` or `relaxed`, got `{other}`")),
+            other => Err(format!("expected `on`, `exact` or `off`, got `{other}`")),
         }
     }
 }

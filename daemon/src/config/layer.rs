@@ -96,10 +96,11 @@ pub struct ServeLayer {
     #[arg(long)]
     pub kv_cells: Option<u32>,
     /// Reuse the KV cells of a prompt prefix already computed for another request
-    /// (`on`, `off` or `relaxed`; default on). `on` keeps temperature-0 output identical to
-    /// `off`; `relaxed` also reuses decoded tokens, as llama-server does, so a resent chat
-    /// history recomputes only its new turn, but output may differ from `off`.
-    #[arg(long, value_name = "on|off|relaxed")]
+    /// (`on`, `exact` or `off`; default on). `on` reuses every resident row, decoded ones
+    /// included, as llama-server does; temperature-0 output may differ from `off`. `exact`
+    /// reuses only rows computed as without reuse, so output is identical to `off`, and
+    /// recomputes more. `relaxed` is a deprecated name of `on`.
+    #[arg(long, value_name = "on|exact|off")]
     pub prefix_cache: Option<PrefixCache>,
     /// Backend sequences beyond the slots: idle ones keep earlier prompts' prefixes, so
     /// that more distinct prompts stay reusable than there are slots. A request starts in

@@ -503,15 +503,22 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
     let err = ServeLayer::from_env(|k| (k == "INFERLOOP_PREFIX_CACHE").then(|| "maybe".into()))
         .expect_err("neither on nor off");
     assert!(err.to_string().contains("INFERLOOP_PREFIX_CACHE"), "{err}");
-    let relaxed = |layer: ServeLayer| {
+    let mode = |layer: ServeLayer| {
         ServeConfig::resolve(None, layer, ServeLayer::default())
             .expect("valid")
             .prefix_cache
     };
+    assert_eq!(mode(ServeLayer::default()), PrefixCache::On, "the default");
+    assert_eq!(
+        mode(env(&[("INFERLOOP_PREFIX_CACHE", "Exact")])),
+        PrefixCache::Exact
+    );
+    assert_eq!(mode(file("prefix_cache = \"exact\"\n")), PrefixCache::Exact);
+    // `relaxed`, the old name of today's `on`, still reads from every layer.
     let from_env = env(&[("INFERLOOP_PREFIX_CACHE", "Relaxed")]);
-    assert_eq!(relaxed(from_env), PrefixCache::Relaxed);
+    assert_eq!(mode(from_env), PrefixCache::On);
     let from_file = file("prefix_cache = \"relaxed\"\n");
-    assert_eq!(relaxed(from_file), PrefixCache::Relaxed);
+    assert_eq!(mode(from_file), PrefixCache::On);
 }
 
 #[test]

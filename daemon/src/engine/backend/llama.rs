@@ -4,6 +4,7 @@
 use std::num::NonZeroU32;
 
 use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::{BatchAddError, LlamaBatch};
 use llama_cpp_2::sampling::LlamaSampler;
@@ -34,6 +35,8 @@ pub struct LlamaCpp<'m> {
     batch: LlamaBatch<'static>,
     samplers: Vec<Option<SeqSampler>>,
     shared_kv: bool,
+    /// Cells of one sequence's KV stream when each has its own (`ctx`).
+    stream_cells: u32,
     /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
     row: Vec<f32>,
 }
@@ -88,6 +91,7 @@ impl<'m> LlamaCpp<'m> {
             batch: LlamaBatch::new(plan.n_batch as usize, 1),
             samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
+            stream_cells: plan.ctx,
             row: Vec::new(),
         })
     }
@@ -211,12 +215,41 @@ impl Backend for LlamaCpp<'_> {
                 .copy_kv_cache_seq(src as i32, dst as i32, Some(0), Some(len))
                 .map_err(|e| fail(&e))?;
         } else {
-            // A stream per sequence: llama.cpp copies whole streams (at the next decode),
-            // then the tail past the prefix is dropped.
-            self.ctx
-                .copy_kv_cache_seq(src as i32, dst as i32, None, None)
-                .map_err(|e| fail(&e))?;
+            // A stream per sequence: llama.cpp's sequence copy copies a whole stream (`ctx`
+            // rows of every layer, at the next decode). Its sequence-state API copies only
+            // the cells the source holds, twice (out and back in): cheaper while the source
+            // holds under half a stream. Either way the tail past the prefix is dropped.
+            let held = self
+                .ctx
+                .kv_cache_seq_pos_max(src as i32)
+                .saturating_add(1)
+                .max(0) as u32;
+            let started = std::time::Instant::now();
+            let how = if held.saturating_mul(2) < self.stream_cells {
+                let state = self
+                    .ctx
+                    .state_seq_get(src as i32, LlamaStateSeqFlags::empty())
+                    .map_err(|e| fail(&e))?;
+                self.ctx
+                    .state_seq_set(&state, dst as i32)
+                    .map_err(|e| fail(&e))?;
+                "cells"
+            } else {
+                self.ctx
+                    .copy_kv_cache_seq(src as i32, dst as i32, None, None)
+                    .map_err(|e| fail(&e))?;
+                "stream"
+            };
             self.truncate(dst, len);
+            tracing::debug!(
+                src,
+                dst,
+                len,
+                held,
+                how,
+                us = started.elapsed().as_micros() as u64,
+                "prefix copied between KV streams"
+            );
         }
         Ok(())
     }

@@ -7,24 +7,24 @@
 //! there is one, and prefills only the rest. The index mirrors the backend exactly: tokens
 //! enter it only once a step that fed them succeeded.
 //!
-//! Reuse must not change a single output token, and llama.cpp's CPU attention computes a
-//! row differently by how it was batched: prompt chunks of 64 rows or more take a tiled
+//! In the default mode (`--prefix-cache on`) every resident row is reusable at any point,
+//! decoded tokens included, as llama-server reuses them: a shared system prompt or a resent
+//! chat history costs only what is new, and temperature-0 output may differ from reuse off.
+//!
+//! In exact mode (`--prefix-cache exact`) reuse must not change a single output token, and
+//! llama.cpp's CPU attention computes a row differently by how it was batched: prompt chunks of 64 rows or more take a tiled
 //! kernel, shorter chunks and decoded tokens a per-row one, and the two round differently.
 //! So a reused row must have been computed the way the same prompt without reuse would
 //! compute it: only prompt rows of tiled chunks are reusable (decoded tokens never are),
 //! prompt chunks end at fixed multiples of the prefill chunk, and a reuse point is chosen
 //! so that the rows after it fall into chunks of the same kind as without reuse
 //! ([`exact_cut`]).
-//!
-//! In relaxed mode (`--prefix-cache relaxed`) every resident row is reusable at any point,
-//! decoded tokens included, as llama-server reuses them: a resent chat history then costs
-//! only its new turn, and temperature-0 output may differ from reuse off.
 
 use crate::config::PrefixCache;
 
-/// Fewer shared tokens than this are recomputed rather than copied from another slot: with
-/// a KV stream per slot, llama.cpp copies a whole stream, which costs about what prefilling
-/// a few dozen tokens does.
+/// Fewer shared tokens than this are recomputed rather than copied from another slot's KV
+/// stream (a copy costs about what prefilling a few dozen tokens does), and a free slot
+/// holding fewer is not kept for the prompt. In one shared pool a copy is free.
 pub const MIN_COPY: usize = 32;
 
 /// Prompt rows at or above this per chunk take llama.cpp's tiled attention kernel
@@ -39,12 +39,12 @@ pub const TAIL_ROWS: usize = 16;
 #[derive(Debug)]
 pub struct PrefixIndex {
     enabled: bool,
-    /// Relaxed mode: every resident row is reusable, wherever a prompt diverges.
-    relaxed: bool,
+    /// `on` mode: every resident row is reusable, wherever a prompt diverges.
+    every_row: bool,
     /// The tokens at positions `0..len` of each slot's KV cells.
     resident: Vec<Vec<i32>>,
     /// How many leading resident rows were computed as tiled prompt rows: the reusable ones.
-    exact: Vec<usize>,
+    reusable_rows: Vec<usize>,
     /// When each slot was last taken or released, for least-recently-used choices.
     used: Vec<u64>,
     tick: u64,
@@ -61,9 +61,9 @@ impl PrefixIndex {
     pub fn new(slots: usize, mode: PrefixCache) -> Self {
         Self {
             enabled: mode.enabled(),
-            relaxed: mode == PrefixCache::Relaxed,
+            every_row: mode.enabled() && !mode.exact(),
             resident: vec![Vec::new(); slots],
-            exact: vec![0; slots],
+            reusable_rows: vec![0; slots],
             used: vec![0; slots],
             tick: 0,
         }
@@ -85,7 +85,9 @@ impl PrefixIndex {
             .enumerate()
             .map(|(slot, held)| Hit {
                 slot,
-                len: common_prefix(held, prompt).min(self.exact[slot]).min(most),
+                len: common_prefix(held, prompt)
+                    .min(self.reusable_rows[slot])
+                    .min(most),
             })
             .filter(|h| h.len > 0)
             // Longest first; among equals the lowest slot, so choices are reproducible.
@@ -103,7 +105,7 @@ impl PrefixIndex {
         let best = free
             .iter()
             .map(|&slot| {
-                let len = common_prefix(&self.resident[slot], prompt).min(self.exact[slot]);
+                let len = common_prefix(&self.resident[slot], prompt).min(self.reusable_rows[slot]);
                 (len, slot)
             })
             .filter(|&(len, _)| len >= MIN_COPY)
@@ -125,7 +127,7 @@ impl PrefixIndex {
         }
         self.resident[slot].clear();
         self.resident[slot].extend_from_slice(tokens);
-        self.exact[slot] = tokens.len();
+        self.reusable_rows[slot] = tokens.len();
         self.touch(slot);
     }
 
@@ -135,28 +137,34 @@ impl PrefixIndex {
         if !self.enabled {
             return;
         }
-        let contiguous = self.exact[slot] == self.resident[slot].len();
+        let contiguous = self.reusable_rows[slot] == self.resident[slot].len();
         self.resident[slot].extend_from_slice(tokens);
-        if self.relaxed || (contiguous && prompt && tokens.len() >= TILE_ROWS) {
-            self.exact[slot] = self.resident[slot].len();
+        if self.every_row || (contiguous && prompt && tokens.len() >= TILE_ROWS) {
+            self.reusable_rows[slot] = self.resident[slot].len();
         }
     }
 
     /// How much of `prompt` the slot holds in reusable rows now.
     pub fn reusable(&self, slot: usize, prompt: &[i32]) -> usize {
-        common_prefix(&self.resident[slot], prompt).min(self.exact[slot])
+        common_prefix(&self.resident[slot], prompt).min(self.reusable_rows[slot])
     }
 
     /// The slot's cells were dropped.
     pub fn clear(&mut self, slot: usize) {
         self.resident[slot].clear();
-        self.exact[slot] = 0;
+        self.reusable_rows[slot] = 0;
     }
 
-    /// Where a prompt of `n` tokens may take over `len` resident rows: [`exact_cut`], or
-    /// anywhere short of its last token in relaxed mode.
+    /// Only rows computed as without reuse are reused, and prompts are fed in runs that
+    /// keep them so ([`exact_cut`], [`tail_start`]).
+    pub fn exact(&self) -> bool {
+        self.enabled && !self.every_row
+    }
+
+    /// Where a prompt of `n` tokens may take over `len` resident rows: anywhere short of
+    /// its last token, or [`exact_cut`] in exact mode.
     pub fn cut(&self, len: usize, n: usize, chunk: usize) -> usize {
-        if self.relaxed {
+        if self.every_row {
             len.min(n.saturating_sub(1))
         } else {
             exact_cut(len, n, chunk)
@@ -229,7 +237,7 @@ mod tests {
 
     #[test]
     fn the_longest_resident_prefix_wins_and_the_last_token_is_always_fed() {
-        let mut p = PrefixIndex::new(3, PrefixCache::On);
+        let mut p = PrefixIndex::new(3, PrefixCache::Exact);
         p.set(0, &[1, 2, 3]);
         p.set(1, &[1, 2, 3, 4, 5]);
         p.set(2, &[9]);
@@ -245,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_prompt_goes_to_the_free_slot_holding_its_prefix_else_an_empty_one_else_the_oldest() {
-        let mut p = PrefixIndex::new(4, PrefixCache::On);
+        let mut p = PrefixIndex::new(4, PrefixCache::Exact);
         let long = |t: i32| vec![t; MIN_COPY];
         p.set(0, &[1, 2]);
         p.set(1, &long(5));
@@ -264,7 +272,7 @@ mod tests {
 
     #[test]
     fn fed_tokens_extend_what_a_slot_holds_and_idle_slots_count_as_retained() {
-        let mut p = PrefixIndex::new(2, PrefixCache::On);
+        let mut p = PrefixIndex::new(2, PrefixCache::Exact);
         p.set(0, &[1]);
         p.fed(0, &[2; TILE_ROWS], true);
         p.fed(0, &[3; TILE_ROWS - 1], true);
@@ -290,8 +298,8 @@ mod tests {
     }
 
     #[test]
-    fn relaxed_mode_reuses_short_chunks_and_decoded_tokens_and_cuts_anywhere() {
-        let mut p = PrefixIndex::new(1, PrefixCache::Relaxed);
+    fn on_mode_reuses_short_chunks_and_decoded_tokens_and_cuts_anywhere() {
+        let mut p = PrefixIndex::new(1, PrefixCache::On);
         p.set(0, &[1]);
         p.fed(0, &[2; 5], true);
         p.fed(0, &[3], false);
@@ -301,11 +309,23 @@ mod tests {
         assert_eq!(p.longest(&prompt), Some(Hit { slot: 0, len: 8 }));
         assert_eq!(p.cut(8, prompt.len(), 512), 8, "no tile rule");
         assert_eq!(p.cut(10, 10, 512), 9, "the last token is still fed");
-        let exact = PrefixIndex::new(1, PrefixCache::On);
+        assert_eq!(
+            p.cut(590, 600, 512),
+            590,
+            "a long shared prompt is reused to where it diverges, not to a chunk boundary"
+        );
+        assert!(!p.exact());
+        let exact = PrefixIndex::new(1, PrefixCache::Exact);
+        assert!(exact.exact());
         assert_eq!(
             exact.cut(8, prompt.len(), 512),
             0,
             "one short run without reuse"
+        );
+        assert_eq!(
+            exact.cut(590, 600, 512),
+            584,
+            "exact: where its last 16 start"
         );
     }
 

@@ -37,7 +37,7 @@ impl<B: Backend> Scheduler<'_, B> {
                 len: self.prefix.cut(h.len, prompt.len(), chunk),
                 ..h
             })
-            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= MIN_COPY));
+            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= self.min_copy()));
         let len = match hit {
             Some(h) if h.slot != slot => {
                 match self.backend.share_prefix(h.slot, slot, h.len as u32) {
@@ -58,6 +58,17 @@ impl<B: Backend> Scheduler<'_, B> {
         self.prefix.set(slot, &prompt[..len]);
         self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
         len
+    }
+
+    /// The fewest shared tokens worth taking from another slot: any in one shared pool,
+    /// where the cells only gain an owner; [`MIN_COPY`] when rows are copied between
+    /// streams.
+    fn min_copy(&self) -> usize {
+        if self.plan.shared_kv {
+            1
+        } else {
+            MIN_COPY
+        }
     }
 
     /// A request still prefilling the start of `prompt`, when it will hold clearly more of

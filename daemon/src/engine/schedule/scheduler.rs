@@ -242,7 +242,11 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// One step over every active sequence, then its outcomes applied in plan order.
     fn step(&mut self) {
         self.resolve_awaiting();
-        let plan = plan_step(&self.seqs, self.plan.prefill_chunk as usize);
+        let plan = plan_step(
+            &self.seqs,
+            self.plan.prefill_chunk as usize,
+            self.prefix.exact(),
+        );
         if plan.is_empty() {
             return;
         }
@@ -384,8 +388,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 }
 
 /// Every decoding sequence gets its next token; prompt chunks share the rest of the step's
-/// budget in slot order, so running streams never wait behind a long prefill.
-fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
+/// budget in slot order, so running streams never wait behind a long prefill. With `exact`
+/// reuse, prompt runs end where they would without reuse.
+fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, exact: bool) -> StepPlan<'_> {
     let active = || {
         seqs.iter()
             .enumerate()
@@ -409,10 +414,12 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize) -> StepPlan<'_> {
         if seq.awaiting.is_some() {
             continue;
         }
-        // Chunks end at multiples of the chunk size, wherever the prompt started being fed,
-        // so a reused prefix leaves the rest chunked as it would be without reuse.
+        // Exact: chunks end at multiples of the chunk size, wherever the prompt started
+        // being fed, and the tail is a run of its own, so a reused prefix leaves the rest
+        // chunked as it would be without reuse. Otherwise as much as the budget allows.
         let pos = seq.pos as usize;
         let to_boundary = match tail_start(seq.prompt.len()) {
+            _ if !exact => prefill_chunk,
             Some(t) if pos < t => (t - pos).min(prefill_chunk - pos % prefill_chunk),
             _ => prefill_chunk - pos % prefill_chunk,
         };

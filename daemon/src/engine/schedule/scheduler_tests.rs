@@ -550,75 +550,141 @@ fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
     assert!(matches!(r.last(&mut stream).1, Event::Finished { .. }));
 }
 
+/// `plan` with the given prompt-reuse mode.
+fn with_mode(mut p: EnginePlan, mode: PrefixCache) -> EnginePlan {
+    p.prefix_cache = mode;
+    p
+}
+
 #[test]
 fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
-    let mut r = rig(plan(2, 2));
-    let mut first = r.submit(r.request(300, 2)).expect("slot");
-    assert!(matches!(r.last(&mut first).1, Event::Finished { usage, .. }
-        if usage.prompt_tokens_details.cached_tokens == 0));
-    // Same prompt again: the idle slot that holds it takes it, all but the last tile reused.
-    let mut again = r.submit(r.request(300, LONG)).expect("slot");
-    while !matches!(r.next(&mut again), Event::Text { .. }) {}
-    // While that one runs, a third copies the prefix from its slot into the other.
-    let mut third = r.submit(r.request(300, 2)).expect("slot");
-    match r.last(&mut third).1 {
-        Event::Finished { usage, timings, .. } => {
-            assert_eq!(usage.prompt_tokens_details.cached_tokens, 284);
-            assert_eq!((timings.cache_n, timings.prompt_n), (284, 16));
+    // On: all but the prompt's last token; exact: all but its last run of 16.
+    for (mode, reused) in [(PrefixCache::On, 299), (PrefixCache::Exact, 284)] {
+        let mut r = rig(with_mode(plan(2, 2), mode));
+        let mut first = r.submit(r.request(300, 2)).expect("slot");
+        assert!(matches!(r.last(&mut first).1, Event::Finished { usage, .. }
+            if usage.prompt_tokens_details.cached_tokens == 0));
+        // Same prompt again: the idle slot that holds it takes it.
+        let mut again = r.submit(r.request(300, LONG)).expect("slot");
+        while !matches!(r.next(&mut again), Event::Text { .. }) {}
+        // While that one runs, a third copies the prefix from its slot into the other.
+        let mut third = r.submit(r.request(300, 2)).expect("slot");
+        match r.last(&mut third).1 {
+            Event::Finished { usage, timings, .. } => {
+                assert_eq!(
+                    usage.prompt_tokens_details.cached_tokens, reused,
+                    "{mode:?}"
+                );
+                assert_eq!((timings.cache_n, timings.prompt_n), (reused, 300 - reused));
+            }
+            other => panic!("expected Finished, got {other:?}"),
         }
-        other => panic!("expected Finished, got {other:?}"),
+        let log = r.fake.log();
+        assert!(log.truncated.contains(&(0, reused as u32)), "{log:?}");
+        assert_eq!(log.shared, vec![(0, 1, reused as u32)], "{mode:?}");
     }
-    let log = r.fake.log();
-    assert!(log.truncated.contains(&(0, 284)), "{log:?}");
-    assert_eq!(log.shared, vec![(0, 1, 284)]);
+}
+
+#[test]
+fn a_resent_chat_reuses_the_decoded_answer_only_in_on_mode() {
+    for mode in [PrefixCache::On, PrefixCache::Exact] {
+        let mut r = rig(with_mode(plan(1, 1), mode));
+        let mut first = r.submit(r.request(300, 4)).expect("slot");
+        assert!(matches!(r.last(&mut first).1, Event::Finished { .. }));
+        // The fake samples `10 + position % 50`: the answer was 10, 11, 12, 13, and all but
+        // the last went into the KV cells. The chat comes back with it and a new turn.
+        let mut req = r.request(300, 2);
+        req.prompt_tokens.extend([10, 11, 12, 13]);
+        req.prompt_tokens.extend([7; 20]);
+        let mut rx = r.submit(req).expect("slot");
+        let cached = match r.last(&mut rx).1 {
+            Event::Finished { usage, .. } => usage.prompt_tokens_details.cached_tokens,
+            other => panic!("expected Finished, got {other:?}"),
+        };
+        match mode {
+            PrefixCache::On => assert_eq!(cached, 303, "the prompt and three decoded rows"),
+            _ => assert!(
+                cached < 300,
+                "exact: decoded rows are recomputed ({cached})"
+            ),
+        }
+    }
+}
+
+#[test]
+fn prompt_runs_end_at_chunk_boundaries_only_in_exact_mode() {
+    // A 300-token prefix is reused, then 700 new tokens are fed: exact mode ends the first
+    // run at 512 and feeds the last 16 on their own; on mode feeds a full chunk, then the
+    // rest.
+    for (mode, most, steps) in [(PrefixCache::On, 512, 2), (PrefixCache::Exact, 472, 3)] {
+        let mut r = rig(with_mode(plan(1, 1), mode));
+        let mut first = r.submit(r.request(300, 1)).expect("slot");
+        assert!(matches!(r.last(&mut first).1, Event::Finished { .. }));
+        let before = r.fake.log().steps;
+        let mut req = r.request(300, 1);
+        req.prompt_tokens.extend([7; 700]);
+        let mut rx = r.submit(req).expect("slot");
+        assert!(matches!(r.last(&mut rx).1, Event::Finished { .. }));
+        let log = r.fake.log();
+        assert_eq!(log.most_prefill, most, "{mode:?}");
+        assert_eq!(log.steps - before, steps, "{mode:?}: prefill steps");
+    }
 }
 
 #[test]
 fn requests_arriving_together_with_one_prompt_compute_it_once() {
     // Regression: on a busy machine the fourth request could reach the thread after the
     // first chunk was in, and this test failed. Here all four arrive before the first turn.
-    let mut r = rig(plan(4, 4));
-    let mut streams: Vec<_> = (0..4)
-        .map(|_| r.submit(r.request(600, 2)).expect("slot"))
-        .collect();
-    let mut cached = Vec::new();
-    for rx in &mut streams {
-        match r.last(rx).1 {
-            Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
-            other => panic!("expected Finished, got {other:?}"),
+    for (mode, least) in [(PrefixCache::On, 599), (PrefixCache::Exact, 512)] {
+        let mut r = rig(with_mode(plan(4, 4), mode));
+        let mut streams: Vec<_> = (0..4)
+            .map(|_| r.submit(r.request(600, 2)).expect("slot"))
+            .collect();
+        let mut cached = Vec::new();
+        for rx in &mut streams {
+            match r.last(rx).1 {
+                Event::Finished { usage, .. } => {
+                    cached.push(usage.prompt_tokens_details.cached_tokens)
+                }
+                other => panic!("expected Finished, got {other:?}"),
+            }
         }
+        assert_eq!(cached[0], 0, "the first computes the prompt");
+        assert!(
+            cached[1..].iter().all(|&c| c >= least),
+            "{mode:?}: three reuse it: {cached:?}"
+        );
+        assert_eq!(r.fake.log().shared.len(), 3);
     }
-    assert_eq!(cached[0], 0, "the first computes the prompt");
-    assert!(
-        cached[1..].iter().all(|&c| c >= 512),
-        "three reuse it (all but the last tile): {cached:?}"
-    );
-    assert_eq!(r.fake.log().shared.len(), 3);
 }
 
 #[test]
 fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
-    let mut p = plan(1, 1);
-    p.prefix_slots = 2;
-    let mut r = rig(p);
-    let mut cached = Vec::new();
-    // Three prompts through one slot, then the first again.
-    for token in [1, 2, 3, 1] {
-        let mut req = r.request(300, 2);
-        req.prompt_tokens = vec![token; 300];
-        let mut rx = r.submit(req).expect("slot");
-        match r.last(&mut rx).1 {
-            Event::Finished { usage, .. } => cached.push(usage.prompt_tokens_details.cached_tokens),
-            other => panic!("expected Finished, got {other:?}"),
+    for (mode, reused) in [(PrefixCache::On, 299), (PrefixCache::Exact, 284)] {
+        let mut p = with_mode(plan(1, 1), mode);
+        p.prefix_slots = 2;
+        let mut r = rig(p);
+        let mut cached = Vec::new();
+        // Three prompts through one slot, then the first again.
+        for token in [1, 2, 3, 1] {
+            let mut req = r.request(300, 2);
+            req.prompt_tokens = vec![token; 300];
+            let mut rx = r.submit(req).expect("slot");
+            match r.last(&mut rx).1 {
+                Event::Finished { usage, .. } => {
+                    cached.push(usage.prompt_tokens_details.cached_tokens)
+                }
+                other => panic!("expected Finished, got {other:?}"),
+            }
         }
+        assert_eq!(cached, vec![0, 0, 0, reused], "the first prompt was kept");
+        let log = r.fake.log();
+        // Each prompt took an empty sequence; the first ran again where it was kept.
+        assert!(log.shared.is_empty(), "{log:?}");
+        assert!(log.truncated.contains(&(0, reused as u32)), "{log:?}");
+        // The slot is released right after the last event went out.
+        assert_eq!(r.load().active, 0);
     }
-    assert_eq!(cached, vec![0, 0, 0, 284], "the first prompt was kept");
-    let log = r.fake.log();
-    // Each prompt took an empty sequence; the first ran again where it was kept.
-    assert!(log.shared.is_empty(), "{log:?}");
-    assert!(log.truncated.contains(&(0, 284)), "{log:?}");
-    // The slot is released right after the last event went out.
-    assert_eq!(r.load().active, 0);
 }
 
 #[test]
