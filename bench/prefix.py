@@ -14,9 +14,17 @@ against inferloopd and against llama.cpp's llama-server with its prompt cache on
   answer and a new question appended);
 * nonce:  workload `shared` with a unique number at the very start of every prompt: nothing
   is reusable, so this measures what looking for reuse costs;
-* chat-relaxed: workload `chat` with inferloopd's `--prefix-cache relaxed`, which reuses the
-  decoded answers as llama-server does (exact mode recomputes them; see
-  docs/configuration.md, "Prompt reuse"). Its llama-server run is the `chat` one when both ran.
+* shared-exact, chat-exact: workloads `shared` and `chat` with inferloopd's
+  `--prefix-cache exact`, which reuses only rows that keep output identical to reuse off
+  (the default, `on`, reuses every resident row as llama-server does; see
+  docs/configuration.md, "Prompt reuse"): what exactness costs. No target; their
+  llama-server run is the plain workload's when both ran.
+* gen: a generated workload nobody tuned for (GEN_DOC below): --gen-requests requests
+  arriving at random (Poisson, --gen-rate per second), each a system prompt drawn from
+  --gen-prompts distinct ones (repeatable: one workload per count, named gen-p<count>) with
+  random lengths (--gen-prompt-tokens MIN MAX, default 100-3000) and a random question
+  (--gen-question-tokens MIN MAX). Prints TTFT distributions per server, by prompt-length
+  band, and the hit rates.
 
 Every (workload, server) pair runs on a freshly started server, so caches start cold, and the
 servers run one after the other, never at the same time. Per pair, client side: TTFT (request
@@ -26,7 +34,9 @@ reports as reused (`usage.prompt_tokens_details.cached_tokens`, else `timings.ca
 The table compares TTFT and checks the targets (TARGETS below).
 
 Usage:
-  bench/prefix.py [--workloads shared apps chat nonce] [--quick] [--output PATH]
+  bench/prefix.py [--workloads shared apps chat nonce gen] [--quick] [--output PATH]
+                  [--servers inferloopd llama-server] [--gen-prompts 4 8 16]
+                  [--gen-requests N] [--gen-rate PER_S] [--gen-prompt-tokens MIN MAX]
                   [--daemon PATH] [--peer PATH] [--model PATH]
                   [--daemon-arg FLAG ...] [--peer-arg FLAG ...]
   make bench-prefix BENCH_ARGS="--quick --workloads shared"
@@ -55,10 +65,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import (  # noqa: E402
     REPO, BenchError, Daemon, fmt, free_port, get_json, git_commit, stream_messages,
 )
+import prefix_gen  # noqa: E402
 
-WORKLOADS = ("shared", "apps", "chat", "nonce", "chat-relaxed")
+WORKLOADS = ("shared", "apps", "chat", "nonce", "shared-exact", "chat-exact", "gen")
 # inferloopd flags a workload adds to the server's own.
-WORKLOAD_DAEMON_ARGS = {"chat-relaxed": ["--prefix-cache", "relaxed"]}
+WORKLOAD_DAEMON_ARGS = {"shared-exact": ["--prefix-cache", "exact"],
+                        "chat-exact": ["--prefix-cache", "exact"]}
+# The workload whose llama-server run an exact variant shares (same requests, same server).
+SAME_PEER_RUN = {"shared-exact": "shared", "chat-exact": "chat"}
 SERVERS = ("inferloopd", "llama-server")
 # Per workload: the most TTFT may be, as a multiple of llama-server's, for each statistic.
 TARGETS: dict[str, dict[str, float]] = {
@@ -66,7 +80,8 @@ TARGETS: dict[str, dict[str, float]] = {
     "apps": {"median": 0.5},
     "chat": {"median": 1.0},
     "nonce": {"median": 1.05},
-    "chat-relaxed": {"median": 1.0},
+    "shared-exact": {},
+    "chat-exact": {},
 }
 # English instructions through SmolLM2's tokenizer: characters per token, measured. The
 # prompt token counts the servers report are recorded and printed, so drift shows.
@@ -191,12 +206,16 @@ def chat_clients(cfg: argparse.Namespace) -> list[Client]:
 
 
 def workload_clients(name: str, cfg: argparse.Namespace) -> list[Client]:
+    n_prompts = prefix_gen.prompt_count(name)
+    if n_prompts is not None:
+        return prefix_gen.clients(cfg, n_prompts, system_prompt, CHARS_PER_TOKEN)
     return {
         "shared": lambda: shared_clients(cfg),
         "apps": lambda: apps_clients(cfg),
         "chat": lambda: chat_clients(cfg),
         "nonce": lambda: shared_clients(cfg, nonce=True),
-        "chat-relaxed": lambda: chat_clients(cfg),
+        "shared-exact": lambda: shared_clients(cfg),
+        "chat-exact": lambda: chat_clients(cfg),
     }[name]()
 
 
@@ -300,7 +319,8 @@ def run_on_server(server: str, workload: str, args: argparse.Namespace, log_dir:
         rc = proc.stop()
     if rc != 0:
         print(f"prefix: warning: {server} exited with status {rc} (log: {proc.log_path})", file=sys.stderr)
-    return {"argv": argv, "model_id": model_id, "wall_s": wall, **summarize(requests),
+    extra = {"gen": prefix_gen.summarize(requests)} if prefix_gen.prompt_count(workload) else {}
+    return {"argv": argv, "model_id": model_id, "wall_s": wall, **summarize(requests), **extra,
             "requests": requests}
 
 
@@ -337,14 +357,20 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def compare(workload: str, runs: dict[str, dict]) -> dict[str, Any]:
+def workload_target(workload: str, slots: int) -> dict[str, float]:
+    n_prompts = prefix_gen.prompt_count(workload)
+    return prefix_gen.target(n_prompts, slots) if n_prompts is not None else TARGETS[workload]
+
+
+def compare(workload: str, runs: dict[str, dict], slots: int) -> dict[str, Any]:
     """TTFT ratios inferloopd / llama-server and the workload's target verdict."""
     ours, peer = runs.get("inferloopd") or {}, runs.get("llama-server") or {}
     ratios = {stat: ratio(ours.get(f"ttft_ms_{stat}"), peer.get(f"ttft_ms_{stat}"))
               for stat in ("median", "mean", "p95")}
-    target = TARGETS[workload]
+    target = workload_target(workload, slots)
     checks = [ratios[stat] is not None and ratios[stat] <= limit for stat, limit in target.items()]
-    verdict = None if any(ratios[stat] is None for stat in target) else all(checks)
+    missing = not target or any(ratios[stat] is None for stat in target)
+    verdict = None if missing else all(checks)
     return {"ttft_ratio": ratios, "target": target, "pass": verdict}
 
 
@@ -364,7 +390,7 @@ def target_cell(cmp: dict[str, Any]) -> str:
     short = {"median": "med", "mean": "mean", "p95": "p95"}
     goal = " ".join(f"{short[stat]}<={limit:g}x" for stat, limit in cmp["target"].items())
     verdict = {True: "PASS", False: "FAIL", None: "n/a"}[cmp["pass"]]
-    return f"{verdict} ({goal})"
+    return f"{verdict} ({goal})" if goal else verdict
 
 
 def print_table(res: dict[str, Any]) -> None:
@@ -427,6 +453,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-tokens", type=int, default=600, help="size of each system prompt, about")
     p.add_argument("--seed", type=int, default=1, help="seed of the question and application choices")
     p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS,
+                   help="which servers to run (a functional check of one needs no other)")
+    prefix_gen.add_args(p)
     args = p.parse_args(argv)
     if args.prefix_slots is None:
         args.prefix_slots = 2 * args.slots
@@ -437,6 +466,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("threads", "slots", "ctx", "max_tokens", "system_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if "gen" in args.workloads:
+        prefix_gen.check_args(p, args)
+        at = args.workloads.index("gen")
+        args.workloads[at:at + 1] = [prefix_gen.workload_name(n) for n in args.gen_prompts]
     return args
 
 
@@ -444,6 +477,8 @@ def check_files(args: argparse.Namespace) -> None:
     for what, path, hint in (("inferloopd binary", args.daemon, "make build"),
                              ("llama-server binary", args.peer, "scripts/build-peer.sh"),
                              ("model", args.model, "make model")):
+        if what.split()[0] in SERVERS and what.split()[0] not in args.servers:
+            continue
         if not Path(path).is_file():
             raise BenchError(f"{what} {path} not found ({hint})")
 
@@ -451,7 +486,7 @@ def check_files(args: argparse.Namespace) -> None:
 def warn_prompt_size(workload: str, run: dict[str, Any], target: int) -> None:
     """The system prompts are sized by a characters-per-token estimate; say when it is off."""
     n = run.get("prompt_tokens_median")
-    if not workload.startswith("chat") and n is not None and not 0.85 * target <= n <= 1.25 * target:
+    if workload in ("shared", "apps", "nonce", "shared-exact") and n is not None and not 0.85 * target <= n <= 1.25 * target:
         print(f"prefix: warning: {workload}: median prompt is {n:.0f} tokens, not ~{target}",
               file=sys.stderr)
 
@@ -468,9 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for workload in args.workloads:
         runs: dict[str, dict] = {}
-        for server in SERVERS:
-            same = workloads.get("chat", {}).get("runs", {}).get(server)
-            if workload == "chat-relaxed" and server == "llama-server" and same:
+        for server in args.servers:
+            same = workloads.get(SAME_PEER_RUN.get(workload, ""), {}).get("runs", {}).get(server)
+            if server == "llama-server" and same:
                 # The same requests to the same server: run once.
                 runs[server] = same
                 continue
@@ -486,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['ttft_ms_mean']:.1f} ms, cached {cached_cell(r)}", file=sys.stderr)
             if server == "inferloopd":
                 warn_prompt_size(workload, r, args.system_tokens)
-        workloads[workload] = {"runs": runs, "compare": compare(workload, runs)}
+        workloads[workload] = {"runs": runs, "compare": compare(workload, runs, args.slots)}
 
     result = {
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -497,11 +532,15 @@ def main(argv: list[str] | None = None) -> int:
                    "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
                    "seed": args.seed, "quick": args.quick, "temperature": 0,
                    "model": args.model, "prefix_slots": args.prefix_slots,
-                   "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg},
-        "targets": TARGETS,
+                   "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg,
+                   "servers": args.servers,
+                   "gen": {k: getattr(args, f"gen_{k}", None) for k in
+                           ("prompts", "requests", "rate", "prompt_tokens", "question_tokens")}},
+        "targets": {w: workload_target(w, args.slots) for w in workloads},
         "workloads": workloads,
     }
     print_table(result)
+    prefix_gen.print_report(workloads, fmt)
     write_json(output, result)
     print(f"wrote {output}", file=sys.stderr)
     return 1 if failed else 0

@@ -36,10 +36,11 @@ class Daemon:
         self.ready = threading.Event()
         argv = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                 "--slots", "2", "--ctx", "256", "--threads", "2",
-                # Every resident row reusable, so that a prompt this short is reused at all
-                # (exact mode recomputes the last 64 tokens); the twins and the kernels
-                # round a row alike however it was batched, so the replies stay equal.
-                "--prefix-cache", "relaxed",
+                # Every resident row reusable (the default, named for clarity), so that a
+                # prompt this short is reused at all (exact mode recomputes the last 64
+                # tokens); the twins and the kernels round a row alike however it was
+                # batched, so the replies stay equal.
+                "--prefix-cache", "on",
                 "--backend", "native", "--device", device]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, errors="replace",

@@ -155,10 +155,11 @@ impl PrefixIndex {
         self.reusable_rows[slot] = 0;
     }
 
-    /// Only rows computed as without reuse are reused, and prompts are fed in runs that
-    /// keep them so ([`exact_cut`], [`tail_start`]).
-    pub fn exact(&self) -> bool {
-        self.enabled && !self.every_row
+    /// Prompts are fed in runs that end at multiples of the chunk and at [`tail_start`]:
+    /// in exact mode, so that reused rows are computed as without reuse, and with reuse
+    /// off, so that exact mode's output is the same as off's. `on` feeds full chunks.
+    pub fn aligned_runs(&self) -> bool {
+        !self.every_row
     }
 
     /// Where a prompt of `n` tokens may take over `len` resident rows: anywhere short of
@@ -314,9 +315,10 @@ mod tests {
             590,
             "a long shared prompt is reused to where it diverges, not to a chunk boundary"
         );
-        assert!(!p.exact());
+        assert!(!p.aligned_runs());
         let exact = PrefixIndex::new(1, PrefixCache::Exact);
-        assert!(exact.exact());
+        assert!(exact.aligned_runs());
+        assert!(PrefixIndex::new(1, PrefixCache::Off).aligned_runs());
         assert_eq!(
             exact.cut(8, prompt.len(), 512),
             0,

@@ -245,7 +245,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         let plan = plan_step(
             &self.seqs,
             self.plan.prefill_chunk as usize,
-            self.prefix.exact(),
+            self.prefix.aligned_runs(),
         );
         if plan.is_empty() {
             return;
@@ -388,9 +388,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 }
 
 /// Every decoding sequence gets its next token; prompt chunks share the rest of the step's
-/// budget in slot order, so running streams never wait behind a long prefill. With `exact`
-/// reuse, prompt runs end where they would without reuse.
-fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, exact: bool) -> StepPlan<'_> {
+/// budget in slot order, so running streams never wait behind a long prefill. With
+/// `aligned` runs (exact reuse, or none) a prompt's runs end where exact reuse needs them.
+fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, aligned: bool) -> StepPlan<'_> {
     let active = || {
         seqs.iter()
             .enumerate()
@@ -414,12 +414,12 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, exact: bool) -> St
         if seq.awaiting.is_some() {
             continue;
         }
-        // Exact: chunks end at multiples of the chunk size, wherever the prompt started
+        // Aligned: chunks end at multiples of the chunk size, wherever the prompt started
         // being fed, and the tail is a run of its own, so a reused prefix leaves the rest
         // chunked as it would be without reuse. Otherwise as much as the budget allows.
         let pos = seq.pos as usize;
         let to_boundary = match tail_start(seq.prompt.len()) {
-            _ if !exact => prefill_chunk,
+            _ if !aligned => prefill_chunk,
             Some(t) if pos < t => (t - pos).min(prefill_chunk - pos % prefill_chunk),
             _ => prefill_chunk - pos % prefill_chunk,
         };
