@@ -123,14 +123,22 @@ pub fn register(r: &mut Registry) {
         G,
         "completions.timings.match_usage",
         "Timings agree with usage",
-        "prompt_n = prompt_tokens, predicted_n = completion_tokens",
+        "prompt_n + cache_n = prompt_tokens, cache_n = usage's cached_tokens, predicted_n = completion_tokens",
         |c, ev| {
             let (v, _) = base(c)?;
             ev.put("timings", v["timings"].clone());
+            ev.put("usage", v["usage"].clone());
+            // A prompt seen before is partly reused: prompt_n counts only what was evaluated.
+            let n = |p: &str| v.pointer(p).and_then(Value::as_u64);
             ensure_eq!(
-                "prompt_n",
-                v["timings"]["prompt_n"],
-                v["usage"]["prompt_tokens"]
+                "prompt_n + cache_n",
+                n("/timings/prompt_n").zip(n("/timings/cache_n")).map(|(a, b)| a + b),
+                n("/usage/prompt_tokens")
+            );
+            ensure_eq!(
+                "cache_n",
+                n("/timings/cache_n"),
+                n("/usage/prompt_tokens_details/cached_tokens")
             );
             ensure_eq!(
                 "predicted_n",
@@ -140,7 +148,7 @@ pub fn register(r: &mut Registry) {
             Ok("agree".into())
         },
     )
-    .inferloopd_only("timings.prompt_n counting the whole prompt (llama-server counts only tokens it did not cache)");
+    .inferloopd_only("timings.cache_n matching usage.prompt_tokens_details.cached_tokens (llama-server's usage need not carry it)");
     r.add(
         G,
         "completions.default_max_tokens_16",

@@ -225,7 +225,7 @@ impl Backend for LlamaCpp<'_> {
                 .saturating_add(1)
                 .max(0) as u32;
             let started = std::time::Instant::now();
-            let how = if held.saturating_mul(2) < self.stream_cells {
+            let (how, bytes) = if held.saturating_mul(2) < self.stream_cells {
                 let state = self
                     .ctx
                     .state_seq_get(src as i32, LlamaStateSeqFlags::empty())
@@ -233,20 +233,22 @@ impl Backend for LlamaCpp<'_> {
                 self.ctx
                     .state_seq_set(&state, dst as i32)
                     .map_err(|e| fail(&e))?;
-                "cells"
+                ("cells", state.byte_len())
             } else {
                 self.ctx
                     .copy_kv_cache_seq(src as i32, dst as i32, None, None)
                     .map_err(|e| fail(&e))?;
-                "stream"
+                ("stream", 0)
             };
             self.truncate(dst, len);
+            // `stream`: queued here, copied by the next decode (so not in `us`).
             tracing::debug!(
                 src,
                 dst,
                 len,
                 held,
                 how,
+                bytes,
                 us = started.elapsed().as_micros() as u64,
                 "prefix copied between KV streams"
             );

@@ -79,19 +79,27 @@ pub(super) fn register(r: &mut Registry) {
         G,
         "chat.usage.prompt_is_prompt_n",
         "usage and timings agree on prompt tokens",
-        "timings.prompt_n == usage.prompt_tokens",
+        "timings.prompt_n + timings.cache_n == usage.prompt_tokens, cache_n == usage's cached_tokens",
         |c, ev| {
             let (v, _) = explain(c)?;
             ev.put("timings", v["timings"].clone());
+            ev.put("usage", v["usage"].clone());
+            // A prompt seen before is partly reused: prompt_n counts only what was evaluated.
+            let cached = u64_at(&v, "/timings/cache_n")?;
             ensure_eq!(
-                "prompt_n",
-                u64_at(&v, "/timings/prompt_n")?,
+                "prompt_n + cache_n",
+                u64_at(&v, "/timings/prompt_n")? + cached,
                 u64_at(&v, "/usage/prompt_tokens")?
+            );
+            ensure_eq!(
+                "cache_n",
+                cached,
+                u64_at(&v, "/usage/prompt_tokens_details/cached_tokens")?
             );
             Ok("agree".into())
         },
     )
-    .inferloopd_only("timings.prompt_n counting the whole prompt (llama-server counts only tokens it did not cache)");
+    .inferloopd_only("timings.cache_n matching usage.prompt_tokens_details.cached_tokens (llama-server's usage need not carry it)");
 
     // ---- timings ----
     r.add(G, "chat.timings.present", "Every answer carries llama-server style timings", "timings has queue_ms, prompt_n, prompt_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_second as numbers", |c, ev| {
