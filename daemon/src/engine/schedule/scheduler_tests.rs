@@ -580,8 +580,8 @@ fn a_finished_prompt_is_reused_in_place_and_a_running_one_is_copied() {
             other => panic!("expected Finished, got {other:?}"),
         }
         let log = r.fake.log();
-        assert!(log.truncated.contains(&(0, reused as u32)), "{log:?}");
-        assert_eq!(log.shared, vec![(0, 1, reused as u32)], "{mode:?}");
+        assert!(log.truncated.contains(&(0, reused)), "{log:?}");
+        assert_eq!(log.shared, vec![(0, 1, reused)], "{mode:?}");
     }
 }
 
@@ -681,7 +681,7 @@ fn prefix_slots_keep_more_prompts_reusable_than_there_are_slots() {
         let log = r.fake.log();
         // Each prompt took an empty sequence; the first ran again where it was kept.
         assert!(log.shared.is_empty(), "{log:?}");
-        assert!(log.truncated.contains(&(0, reused as u32)), "{log:?}");
+        assert!(log.truncated.contains(&(0, reused)), "{log:?}");
         // The slot is released right after the last event went out.
         assert_eq!(r.load().active, 0);
     }
