@@ -34,7 +34,7 @@ pub struct EnginePlan {
     /// Widest micro-batch the backend computes at once.
     pub n_ubatch: u32,
     pub threads: i32,
-    /// Finished requests' KV cells stay for prompt reuse (exactly or relaxed).
+    /// Finished requests' KV cells stay for prompt reuse (every row, or exactly).
     pub prefix_cache: PrefixCache,
     /// Backend sequences beyond the slots: idle ones retain prompt prefixes, and a request
     /// may start in any idle sequence (at most `slots` run at once).
