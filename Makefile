@@ -46,7 +46,7 @@ help:
 	@echo "  codex-cli  install the pinned Codex CLI from npm into $(CODEX_DIR) (pytest does it too)"
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
-	@echo "  bench-prefix  prompt reuse (shared prefixes, chats) vs llama-server's prompt cache -> bench/results/prefix.json"
+	@echo "  bench-prefix  prompt reuse (shared prefixes, chats, a random-workload generator) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"

@@ -278,15 +278,22 @@ async fn reuse_on_takes_nearly_the_whole_shared_system_prompt() {
 
 #[tokio::test]
 async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
-    let off = Daemon::start(&["--slots", "2", "--ctx", "1024", "--prefix-cache", "off"]);
-    for mode in ["exact", "on"] {
-        let on = Daemon::start(&["--slots", "2", "--ctx", "1024", "--prefix-cache", mode]);
+    // A stream per slot. At ctx 768 the busy slot holds over half a stream (its prompt is
+    // ~400 tokens), so the whole stream is copied; at 2048 only the cells it holds are (the
+    // sequence-state path), and in exact mode the answer must still be the uncached one.
+    for (mode, ctx) in [("exact", "768"), ("exact", "2048"), ("on", "2048")] {
+        let off = Daemon::start(&["--slots", "2", "--ctx", ctx, "--prefix-cache", "off"]);
+        let on = Daemon::try_start_with_env(
+            &["--slots", "2", "--ctx", ctx, "--prefix-cache", mode],
+            &[("RUST_LOG", "info,inferloopd::engine::backend::llama=debug")],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         // The first request keeps its slot busy while the second arrives with the same
         // system prompt: the second lands in the other slot and copies the prefix from the
-        // first (in `on` mode only the cells the first holds, not its whole stream).
+        // first.
         let long = {
             let mut b = chat("Tell me a long story about the fan.", true);
-            b["max_tokens"] = json!(400);
+            b["max_tokens"] = json!(300);
             b
         };
         let busy = tokio::spawn({
@@ -310,7 +317,7 @@ async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
         let (text_on, cached) = ask(&on, "/v1/chat/completions", &body).await;
         let (text_off, _) = ask(&off, "/v1/chat/completions", &body).await;
         if mode == "exact" {
-            assert_eq!(text_on, text_off);
+            assert_eq!(text_on, text_off, "ctx {ctx}");
         } else {
             // Rows computed in another batch shape may round differently, but the copied
             // cells must be the prompt's: the answer starts as the uncached one does.
@@ -324,7 +331,13 @@ async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
         }
         assert!(
             cached >= 100,
-            "{mode}: the system prompt came from the busy slot: {cached} cached tokens"
+            "{mode} {ctx}: the system prompt came from the busy slot: {cached} cached tokens"
+        );
+        let how = if ctx == "768" { "stream" } else { "cells" };
+        assert!(
+            on.log().contains(&format!("how=\"{how}\"")),
+            "{mode} {ctx}: copied by {how}: {}",
+            on.log_tail()
         );
         busy.abort();
     }
