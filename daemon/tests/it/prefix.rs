@@ -278,10 +278,10 @@ async fn reuse_on_takes_nearly_the_whole_shared_system_prompt() {
 
 #[tokio::test]
 async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
-    // A stream per slot. At ctx 768 the busy slot holds over half a stream (its prompt is
+    // A stream per slot. At ctx 640 the busy slot holds over half a stream (its prompt is
     // ~400 tokens), so the whole stream is copied; at 2048 only the cells it holds are (the
     // sequence-state path), and in exact mode the answer must still be the uncached one.
-    for (mode, ctx) in [("exact", "768"), ("exact", "2048"), ("on", "2048")] {
+    for (mode, ctx) in [("exact", "640"), ("exact", "2048"), ("on", "2048")] {
         let off = Daemon::start(&["--slots", "2", "--ctx", ctx, "--prefix-cache", "off"]);
         let on = Daemon::try_start_with_env(
             &["--slots", "2", "--ctx", ctx, "--prefix-cache", mode],
@@ -293,7 +293,7 @@ async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
         // first.
         let long = {
             let mut b = chat("Tell me a long story about the fan.", true);
-            b["max_tokens"] = json!(300);
+            b["max_tokens"] = json!(240);
             b
         };
         let busy = tokio::spawn({
@@ -333,7 +333,7 @@ async fn a_prefix_held_by_a_running_request_is_copied_into_another_slot() {
             cached >= 100,
             "{mode} {ctx}: the system prompt came from the busy slot: {cached} cached tokens"
         );
-        let how = if ctx == "768" { "stream" } else { "cells" };
+        let how = if ctx == "640" { "stream" } else { "cells" };
         assert!(
             on.log().contains(&format!("how=\"{how}\"")),
             "{mode} {ctx}: copied by {how}: {}",
