@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::llama_embed::EMBED_BATCH;
 use super::native::forward::UBATCH;
 use super::seam::Device;
 use crate::engine::plan::EnginePlan;
@@ -82,6 +83,7 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
         + OVERHEAD_PER_VOCAB_TOKEN * shape.n_vocab
         + OVERHEAD_PER_SLOT_VOCAB_TOKEN * shape.n_vocab * slots;
     let constraint = CONSTRAINT_PER_VOCAB_TOKEN * shape.n_vocab + CONSTRAINT_PER_SLOT * slots;
+    let embeddings = embeddings_context(shape, per_slot, per_cell);
     let weights = shape.tensor_bytes;
     Footprint {
         terms: vec![
@@ -126,9 +128,28 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
                     shape.n_vocab
                 ),
             },
+            Term {
+                name: "embeddings",
+                bytes: embeddings,
+                detail: format!(
+                    "/v1/embeddings: its own llama.cpp context, one sequence of {per_slot} cells, {EMBED_BATCH}-token batches whose every token is an output"
+                ),
+            },
         ],
         compute_reserved_bytes: compute_reserved,
     }
+}
+
+/// llama.cpp's embeddings context (made at the first embedding request, see
+/// `llama_embed`): the KV cells of one sequence of the slots' context, the output buffer
+/// (logits and hidden state for every token of a batch: llama.cpp outputs them all when
+/// embeddings are on), and its compute buffer for a batch of that size.
+fn embeddings_context(shape: &ModelShape, cells: u64, per_cell: u64) -> u64 {
+    let u = u64::from(EMBED_BATCH);
+    let kv = cells * per_cell;
+    let output = 4 * u * (shape.n_vocab + shape.n_embd);
+    let compute = 4 * u * shape.n_vocab + 4 * u * (2 * shape.n_ff + shape.n_embd) + 2 * u * cells;
+    kv + output + compute
 }
 
 /// The native backend: the mapped weights, an f16 KV cache of `ctx` positions for every

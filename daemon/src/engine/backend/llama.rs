@@ -10,12 +10,14 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
+use super::llama_embed as embed;
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
 use super::seam::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab, Work,
 };
 use crate::engine::chat::model::LoadedModel;
+use crate::engine::embed::Pooling;
 use crate::engine::plan::EnginePlan;
 use crate::engine::types::{EngineError, SamplingParams};
 
@@ -25,6 +27,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     shared_kv_pool: true,
     logprobs: true,
     own_weights: false,
+    embeddings: true,
     devices: &[Device::Cpu],
 };
 
@@ -36,6 +39,17 @@ pub struct LlamaCpp<'m> {
     shared_kv: bool,
     /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
     row: Vec<f32>,
+    /// Per sequence opened for an embedding: its pooling and the prompt fed so far.
+    embeds: Vec<Option<EmbedSeq>>,
+    /// The embeddings context, made at the first embedding request (see [`embed`]).
+    embed_ctx: Option<LlamaContext<'m>>,
+    embed_plan: (u32, i32),
+}
+
+/// An embedding sequence's prompt, gathered chunk by chunk; computed whole at its last.
+struct EmbedSeq {
+    pooling: Pooling,
+    tokens: Vec<i32>,
 }
 
 /// A sequence's sampler chain, and what its `logprobs` need: the chain biases the
@@ -89,7 +103,99 @@ impl<'m> LlamaCpp<'m> {
             samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
             row: Vec::new(),
+            embeds: (0..plan.sequences()).map(|_| None).collect(),
+            embed_ctx: None,
+            embed_plan: (plan.ctx, plan.threads),
         })
+    }
+
+    fn is_embedding(&self, seq: SeqId) -> bool {
+        self.embeds.get(seq).is_some_and(Option::is_some)
+    }
+
+    /// One embedding sequence's work: its chunk is kept, and the last one computes the
+    /// whole prompt in the embeddings context.
+    fn embed_work(&mut self, work: &Work<'_>) -> SeqOutcome {
+        let seq = work.seq();
+        let Work::Prefill { tokens, sample, .. } = *work else {
+            return SeqOutcome::new(
+                seq,
+                Err(BackendError::Sequence(format!(
+                    "sequence {seq} is an embedding pass: it decodes nothing"
+                ))),
+            );
+        };
+        let Some(es) = self.embeds.get_mut(seq).and_then(Option::as_mut) else {
+            return SeqOutcome::new(
+                seq,
+                Err(BackendError::Sequence(format!("no sequence {seq}"))),
+            );
+        };
+        es.tokens.extend_from_slice(tokens);
+        if !sample {
+            return SeqOutcome::new(seq, Ok(None));
+        }
+        let (pooling, prompt) = (es.pooling, std::mem::take(&mut es.tokens));
+        let (n_ctx, threads) = self.embed_plan;
+        let ctx = match self.embed_ctx.take() {
+            Some(c) => c,
+            None => match embed::context(self.model, n_ctx, threads) {
+                Ok(c) => c,
+                Err(e) => return SeqOutcome::new(seq, Err(BackendError::Sequence(e))),
+            },
+        };
+        let ctx = self.embed_ctx.insert(ctx);
+        match embed::run(ctx, &prompt, pooling) {
+            Ok(v) => SeqOutcome {
+                embedding: Some(v),
+                ..SeqOutcome::new(seq, Ok(None))
+            },
+            Err(e) => SeqOutcome::new(seq, Err(BackendError::Sequence(e))),
+        }
+    }
+
+    /// A step of generation sequences only: one `llama_decode` over the plan.
+    fn step_generation(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        let failed = |reason: String| {
+            tracing::error!(
+                reason,
+                "llama_decode failed; failing the sequences in this step"
+            );
+            plan.work
+                .iter()
+                .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
+                .collect()
+        };
+        let logits = match self.fill(plan) {
+            Ok(l) => l,
+            Err(e) => return failed(format!("batch assembly: {e}")),
+        };
+        if let Err(e) = self.ctx.decode(&mut self.batch) {
+            return failed(e.to_string());
+        }
+        plan.work
+            .iter()
+            .zip(logits)
+            .map(|(work, at)| {
+                let seq = work.seq();
+                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
+                    (None, _) => SeqOutcome::new(seq, Ok(None)),
+                    (Some(idx), Some(sampler)) => {
+                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
+                        SeqOutcome {
+                            logprobs,
+                            ..SeqOutcome::new(seq, Ok(Some(token)))
+                        }
+                    }
+                    (Some(_), None) => SeqOutcome::new(
+                        seq,
+                        Err(BackendError::Sequence(format!(
+                            "sequence {seq} was not opened"
+                        ))),
+                    ),
+                }
+            })
+            .collect()
     }
 
     /// Fills the batch in plan order; returns, per work, the batch index of its logits.
@@ -131,6 +237,9 @@ impl Backend for LlamaCpp<'_> {
             .samplers
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        if let Some(e) = self.embeds.get_mut(seq) {
+            *e = None;
+        }
         *slot = Some(SeqSampler {
             chain: build_sampler(sampling, self.model.info().n_vocab),
             logprobs: sampling.logprobs,
@@ -139,45 +248,44 @@ impl Backend for LlamaCpp<'_> {
         Ok(())
     }
 
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        let slot = self
+            .embeds
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        *slot = Some(EmbedSeq {
+            pooling,
+            tokens: Vec::new(),
+        });
+        Ok(())
+    }
+
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        let failed = |reason: String| {
-            tracing::error!(
-                reason,
-                "llama_decode failed; failing the sequences in this step"
-            );
-            plan.work
-                .iter()
-                .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
-                .collect()
-        };
-        let logits = match self.fill(plan) {
-            Ok(l) => l,
-            Err(e) => return failed(format!("batch assembly: {e}")),
-        };
-        if let Err(e) = self.ctx.decode(&mut self.batch) {
-            return failed(e.to_string());
+        if !plan.work.iter().any(|w| self.is_embedding(w.seq())) {
+            return self.step_generation(plan);
         }
+        // Embedding passes run in their own context; the rest share one decode as usual.
+        let generation = StepPlan {
+            work: (plan.work.iter())
+                .filter(|w| !self.is_embedding(w.seq()))
+                .cloned()
+                .collect(),
+        };
+        let mut generated = if generation.is_empty() {
+            Vec::new()
+        } else {
+            self.step_generation(&generation)
+        }
+        .into_iter();
         plan.work
             .iter()
-            .zip(logits)
-            .map(|(work, at)| {
-                let seq = work.seq();
-                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
-                    (None, _) => SeqOutcome::new(seq, Ok(None)),
-                    (Some(idx), Some(sampler)) => {
-                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
-                        SeqOutcome {
-                            seq,
-                            result: Ok(Some(token)),
-                            logprobs,
-                        }
-                    }
-                    (Some(_), None) => SeqOutcome::new(
-                        seq,
-                        Err(BackendError::Sequence(format!(
-                            "sequence {seq} was not opened"
-                        ))),
-                    ),
+            .map(|w| {
+                if self.is_embedding(w.seq()) {
+                    self.embed_work(w)
+                } else {
+                    generated.next().unwrap_or_else(|| {
+                        SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
+                    })
                 }
             })
             .collect()
@@ -186,6 +294,9 @@ impl Backend for LlamaCpp<'_> {
     fn close(&mut self, seq: SeqId) {
         if let Some(s) = self.samplers.get_mut(seq) {
             *s = None;
+        }
+        if let Some(e) = self.embeds.get_mut(seq) {
+            *e = None;
         }
     }
 
