@@ -428,6 +428,73 @@ mod tests {
     }
 
     #[test]
+    fn an_embedding_fed_in_chunks_beside_a_generation_equals_one_pass() {
+        let s = synth(Spec::llama(), 11);
+        let prompt = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2];
+        let mut one = NativeBackend::new(model(&s, 2));
+        one.open_embedding(0, Pooling::Mean).expect("opens");
+        let out = one.step(&StepPlan {
+            work: vec![Work::Prefill {
+                seq: 0,
+                tokens: &prompt,
+                pos: 0,
+                sample: true,
+            }],
+        });
+        assert_eq!(out[0].result, Ok(None));
+        let whole = out[0]
+            .embedding
+            .clone()
+            .expect("a vector on the last chunk");
+        assert_eq!(
+            whole.len(),
+            HParams::from_metadata(&s).expect("hparams").n_embd
+        );
+        let norm: f64 = whole
+            .iter()
+            .map(|&x| f64::from(x).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "|v| = {norm}");
+
+        let mut two = NativeBackend::new(model(&s, 2));
+        two.open_embedding(0, Pooling::Mean).expect("opens");
+        two.open(1, &greedy()).expect("opens");
+        let gen = [1, 2, 3];
+        let first = two.step(&StepPlan {
+            work: vec![
+                Work::Prefill {
+                    seq: 0,
+                    tokens: &prompt[..5],
+                    pos: 0,
+                    sample: false,
+                },
+                Work::Prefill {
+                    seq: 1,
+                    tokens: &gen,
+                    pos: 0,
+                    sample: true,
+                },
+            ],
+        });
+        assert_eq!(
+            (first[0].result.clone(), first[0].embedding.is_none()),
+            (Ok(None), true)
+        );
+        assert_eq!(first[1].result, Ok(Some(reference_next(&s, &gen))));
+        let last = two.step(&StepPlan {
+            work: vec![Work::Prefill {
+                seq: 0,
+                tokens: &prompt[5..],
+                pos: 5,
+                sample: true,
+            }],
+        });
+        // Each column's arithmetic is its own: the same bits, chunked or not.
+        assert_eq!(last[0].embedding.as_ref(), Some(&whole));
+    }
+
+    #[test]
     fn a_bad_work_fails_alone_and_the_kv_calls_reach_the_cache() {
         let s = synth(Spec::llama(), 8);
         let mut b = NativeBackend::new(model(&s, 2));
