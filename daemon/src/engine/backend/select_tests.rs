@@ -264,12 +264,22 @@ fn embeddings_are_offered_by_llama_cpp_and_native_on_the_cpu_but_not_on_cuda() {
     assert!(llama.capabilities().embeddings);
     let cpu = select(BackendChoice::Native, DeviceChoice::Cpu, None, none, q8).unwrap();
     assert!(cpu.capabilities().embeddings);
-    let cuda = select(BackendChoice::Native, DeviceChoice::Cuda, Some(false), gpu, q8).unwrap();
+    let cuda = select(
+        BackendChoice::Native,
+        DeviceChoice::Cuda,
+        Some(false),
+        gpu,
+        q8,
+    )
+    .unwrap();
     assert_eq!(cuda.device, Device::Cuda);
     assert!(!cuda.capabilities().embeddings);
     // The rest of the native capabilities do not depend on the device.
     assert_eq!(
-        (cuda.capabilities().logprobs, cuda.capabilities().own_weights),
+        (
+            cuda.capabilities().logprobs,
+            cuda.capabilities().own_weights
+        ),
         (true, true)
     );
 }

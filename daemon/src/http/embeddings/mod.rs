@@ -57,7 +57,9 @@ async fn run(
         return Err(ApiError::invalid(
             "input",
             format!(
-                "embeddings are not computed by the {} backend; serve with `--backend llama`",
+                "embeddings are not computed by the {} backend on this device (the native \
+                 backend computes them on the CPU only); serve with `--backend llama` or \
+                 `--device cpu`",
                 engine.backend_name()
             ),
         ));
