@@ -39,17 +39,8 @@ pub struct LlamaCpp<'m> {
     shared_kv: bool,
     /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
     row: Vec<f32>,
-    /// Per sequence opened for an embedding: its pooling and the prompt fed so far.
-    embeds: Vec<Option<EmbedSeq>>,
-    /// The embeddings context, made at the first embedding request (see [`embed`]).
-    embed_ctx: Option<LlamaContext<'m>>,
-    embed_plan: (u32, i32),
-}
-
-/// An embedding sequence's prompt, gathered chunk by chunk; computed whole at its last.
-struct EmbedSeq {
-    pooling: Pooling,
-    tokens: Vec<i32>,
+    /// The embedding passes and their own context (see [`embed`]).
+    embed: embed::Passes<'m>,
 }
 
 /// A sequence's sampler chain, and what its `logprobs` need: the chain biases the
@@ -103,55 +94,8 @@ impl<'m> LlamaCpp<'m> {
             samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
             row: Vec::new(),
-            embeds: (0..plan.sequences()).map(|_| None).collect(),
-            embed_ctx: None,
-            embed_plan: (plan.ctx, plan.threads),
+            embed: embed::Passes::new(plan.sequences(), plan.ctx, plan.threads),
         })
-    }
-
-    fn is_embedding(&self, seq: SeqId) -> bool {
-        self.embeds.get(seq).is_some_and(Option::is_some)
-    }
-
-    /// One embedding sequence's work: its chunk is kept, and the last one computes the
-    /// whole prompt in the embeddings context.
-    fn embed_work(&mut self, work: &Work<'_>) -> SeqOutcome {
-        let seq = work.seq();
-        let Work::Prefill { tokens, sample, .. } = *work else {
-            return SeqOutcome::new(
-                seq,
-                Err(BackendError::Sequence(format!(
-                    "sequence {seq} is an embedding pass: it decodes nothing"
-                ))),
-            );
-        };
-        let Some(es) = self.embeds.get_mut(seq).and_then(Option::as_mut) else {
-            return SeqOutcome::new(
-                seq,
-                Err(BackendError::Sequence(format!("no sequence {seq}"))),
-            );
-        };
-        es.tokens.extend_from_slice(tokens);
-        if !sample {
-            return SeqOutcome::new(seq, Ok(None));
-        }
-        let (pooling, prompt) = (es.pooling, std::mem::take(&mut es.tokens));
-        let (n_ctx, threads) = self.embed_plan;
-        let ctx = match self.embed_ctx.take() {
-            Some(c) => c,
-            None => match embed::context(self.model, n_ctx, threads) {
-                Ok(c) => c,
-                Err(e) => return SeqOutcome::new(seq, Err(BackendError::Sequence(e))),
-            },
-        };
-        let ctx = self.embed_ctx.insert(ctx);
-        match embed::run(ctx, &prompt, pooling) {
-            Ok(v) => SeqOutcome {
-                embedding: Some(v),
-                ..SeqOutcome::new(seq, Ok(None))
-            },
-            Err(e) => SeqOutcome::new(seq, Err(BackendError::Sequence(e))),
-        }
     }
 
     /// A step of generation sequences only: one `llama_decode` over the plan.
@@ -237,9 +181,7 @@ impl Backend for LlamaCpp<'_> {
             .samplers
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
-        if let Some(e) = self.embeds.get_mut(seq) {
-            *e = None;
-        }
+        self.embed.close(seq);
         *slot = Some(SeqSampler {
             chain: build_sampler(sampling, self.model.info().n_vocab),
             logprobs: sampling.logprobs,
@@ -249,25 +191,17 @@ impl Backend for LlamaCpp<'_> {
     }
 
     fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
-        let slot = self
-            .embeds
-            .get_mut(seq)
-            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
-        *slot = Some(EmbedSeq {
-            pooling,
-            tokens: Vec::new(),
-        });
-        Ok(())
+        self.embed.open(seq, pooling)
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        if !plan.work.iter().any(|w| self.is_embedding(w.seq())) {
+        if !plan.work.iter().any(|w| self.embed.has(w.seq())) {
             return self.step_generation(plan);
         }
         // Embedding passes run in their own context; the rest share one decode as usual.
         let generation = StepPlan {
             work: (plan.work.iter())
-                .filter(|w| !self.is_embedding(w.seq()))
+                .filter(|w| !self.embed.has(w.seq()))
                 .cloned()
                 .collect(),
         };
@@ -280,8 +214,8 @@ impl Backend for LlamaCpp<'_> {
         plan.work
             .iter()
             .map(|w| {
-                if self.is_embedding(w.seq()) {
-                    self.embed_work(w)
+                if self.embed.has(w.seq()) {
+                    self.embed.work(self.model, w)
                 } else {
                     generated.next().unwrap_or_else(|| {
                         SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
@@ -295,9 +229,7 @@ impl Backend for LlamaCpp<'_> {
         if let Some(s) = self.samplers.get_mut(seq) {
             *s = None;
         }
-        if let Some(e) = self.embeds.get_mut(seq) {
-            *e = None;
-        }
+        self.embed.close(seq);
     }
 
     fn truncate(&mut self, seq: SeqId, len: u32) {

@@ -17,6 +17,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use super::seam::{BackendError, SeqId, SeqOutcome, Work};
 use crate::engine::chat::model::LoadedModel;
 use crate::engine::embed::{Pooled, Pooling};
 
@@ -24,8 +25,90 @@ use crate::engine::embed::{Pooled, Pooling};
 /// output buffer holds this many rows of logits and hidden state: small keeps it small.
 pub const EMBED_BATCH: u32 = 32;
 
+/// The backend's embedding sequences and the context they are computed in.
+pub struct Passes<'m> {
+    /// Per sequence opened for an embedding: its pooling and the prompt fed so far.
+    seqs: Vec<Option<Pass>>,
+    /// Made at the first embedding pass.
+    ctx: Option<LlamaContext<'m>>,
+    n_ctx: u32,
+    threads: i32,
+}
+
+struct Pass {
+    pooling: Pooling,
+    tokens: Vec<i32>,
+}
+
+impl<'m> Passes<'m> {
+    pub fn new(n_seq: usize, n_ctx: u32, threads: i32) -> Self {
+        Self {
+            seqs: (0..n_seq).map(|_| None).collect(),
+            ctx: None,
+            n_ctx,
+            threads,
+        }
+    }
+
+    pub fn open(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        let slot = self
+            .seqs
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        *slot = Some(Pass {
+            pooling,
+            tokens: Vec::new(),
+        });
+        Ok(())
+    }
+
+    pub fn close(&mut self, seq: SeqId) {
+        if let Some(s) = self.seqs.get_mut(seq) {
+            *s = None;
+        }
+    }
+
+    /// Whether `seq` is an embedding pass.
+    pub fn has(&self, seq: SeqId) -> bool {
+        self.seqs.get(seq).is_some_and(Option::is_some)
+    }
+
+    /// One pass's work: its chunk is kept, and the last one computes the whole prompt.
+    pub fn work(&mut self, model: &'m LoadedModel, work: &Work<'_>) -> SeqOutcome {
+        let seq = work.seq();
+        let fail = |why: String| SeqOutcome::new(seq, Err(BackendError::Sequence(why)));
+        let Work::Prefill { tokens, sample, .. } = *work else {
+            return fail(format!(
+                "sequence {seq} is an embedding pass: it decodes nothing"
+            ));
+        };
+        let Some(pass) = self.seqs.get_mut(seq).and_then(Option::as_mut) else {
+            return fail(format!("no sequence {seq}"));
+        };
+        pass.tokens.extend_from_slice(tokens);
+        if !sample {
+            return SeqOutcome::new(seq, Ok(None));
+        }
+        let (pooling, prompt) = (pass.pooling, std::mem::take(&mut pass.tokens));
+        let ctx = match self.ctx.take() {
+            Some(c) => c,
+            None => match context(model, self.n_ctx, self.threads) {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            },
+        };
+        match run(self.ctx.insert(ctx), &prompt, pooling) {
+            Ok(v) => SeqOutcome {
+                embedding: Some(v),
+                ..SeqOutcome::new(seq, Ok(None))
+            },
+            Err(e) => fail(e),
+        }
+    }
+}
+
 /// The embeddings context: one sequence of `n_ctx` cells.
-pub fn context<'m>(
+fn context<'m>(
     model: &'m LoadedModel,
     n_ctx: u32,
     threads: i32,
@@ -46,11 +129,7 @@ pub fn context<'m>(
 }
 
 /// Feeds `tokens` from position 0 and pools their hidden states; the context is left empty.
-pub fn run(
-    ctx: &mut LlamaContext<'_>,
-    tokens: &[i32],
-    pooling: Pooling,
-) -> Result<Vec<f32>, String> {
+fn run(ctx: &mut LlamaContext<'_>, tokens: &[i32], pooling: Pooling) -> Result<Vec<f32>, String> {
     ctx.clear_kv_cache();
     let result = feed(ctx, tokens, pooling);
     ctx.clear_kv_cache();
