@@ -330,7 +330,8 @@ qual: deps model
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL) --report $(QUAL_OUT) $(QUAL_ARGS)
 
 # The same cases against llama.cpp's llama-server (scripts/build-peer.sh builds it into
-# peer/), started on a free loopback port with the default model and attached to with
+# peer/), started on a free loopback port with the default model (with `--embeddings --pooling
+# mean`, without which it answers embeddings with a 501) and attached to with
 # --base-url: cases that need more than OpenAI's API are skipped with the reason. Writes
 # $(QUAL_PEER_OUT)/report.{json,md,html}, and compare.md (both tallies, group by group) when
 # $(QUAL_OUT)/report.json exists. Failed cases are findings about the peer, not a broken
@@ -344,7 +345,7 @@ qual-peer: deps model
 	mkdir -p $(QUAL_PEER_OUT)
 	port=$$($(PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
 	peer/llama-server -m $(MODEL) --host 127.0.0.1 --port $$port -t 2 -np 4 -c 8192 --no-webui --jinja \
-	  > $(QUAL_PEER_OUT)/llama-server.log 2>&1 & pid=$$!; \
+	  --embeddings --pooling mean > $(QUAL_PEER_OUT)/llama-server.log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 	rc=0; $(QUAL_BIN) --base-url http://127.0.0.1:$$port --report $(QUAL_PEER_OUT) $(QUAL_ARGS) || rc=$$?; \
 	if [ -f $(QUAL_OUT)/report.json ]; then \

@@ -6,6 +6,7 @@
 //! - [`types`]: what crosses the engine's edges: [`GenerationRequest`], [`SamplingParams`],
 //!   [`Event`], [`EngineError`], [`Usage`], [`Timings`], [`Load`].
 //! - [`plan`]: [`EnginePlan`], the one derivation of slots, KV cells, sequences and sharing.
+//! - [`embed`]: pooling per-token hidden states into one normalised embedding.
 //! - [`clock`]: the scheduler's time, a parameter (the system clock, or a manual one in tests).
 //! - [`backend`]: what computes tokens: the [`backend::seam::Backend`] trait and its
 //!   [`Capabilities`], the [`Selection`] made at boot, `open`, each backend's memory footprint,
@@ -20,6 +21,7 @@
 pub mod backend;
 pub mod chat;
 pub mod clock;
+pub mod embed;
 mod handle;
 pub mod plan;
 pub mod schedule;

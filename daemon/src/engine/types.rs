@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::chat::constraint;
+use super::embed::Pooling;
 
 /// Errors the engine reports for one request or at start-up.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,6 +101,9 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     /// When the HTTP layer received the request: TTFT counts from here.
     pub received_at: Instant,
+    /// `Some`: an embedding pass, not generation. The prompt is fed once (no prefix reuse,
+    /// no sampling, `max_tokens` 0) and answered with [`Event::Embedding`].
+    pub embed: Option<Pooling>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -143,8 +147,8 @@ pub struct Timings {
     pub ttft_ms: f64,
 }
 
-/// What the decode thread tells a request, in order: `Admitted`, `Text`*, then `Finished`
-/// or `Failed`.
+/// What the decode thread tells a request, in order: `Admitted`, `Text`* (or one
+/// `Embedding`), then `Finished` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
     Admitted {
@@ -156,6 +160,8 @@ pub enum Event {
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// An embedding pass's vector (pooled, L2-normalised), just before its `Finished`.
+    Embedding(Vec<f32>),
     Finished {
         reason: FinishReason,
         usage: Usage,

@@ -72,6 +72,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).param(param)
     }
 
+    /// One input that cannot fit the context (an embedding's), named by its own message.
+    pub fn input_too_long(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::invalid(param, message).code("context_length_exceeded")
+    }
+
     /// `param` names the input that holds the prompt: `messages` on chat, `prompt` on
     /// completions.
     pub fn context_length_exceeded(

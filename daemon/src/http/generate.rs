@@ -194,6 +194,7 @@ pub(super) async fn submit(
             stop: req.stop,
             sampling: req.sampling,
             received_at,
+            embed: None,
         })
         .await?;
     Ok(Submitted {
@@ -335,7 +336,7 @@ fn wire_calls(calls: Vec<crate::tools::ToolCall>, format: Format) -> Vec<WireToo
 }
 
 /// Sets its flag when dropped: tells blocking work that the request it serves is gone.
-struct SetOnDrop(Arc<AtomicBool>);
+pub(super) struct SetOnDrop(pub(super) Arc<AtomicBool>);
 
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
@@ -401,7 +402,7 @@ async fn collect(
     let mut tokens = Vec::new();
     loop {
         match events.recv().await {
-            Some(Event::Admitted { .. }) => {}
+            Some(Event::Admitted { .. } | Event::Embedding(_)) => {}
             Some(Event::Text { text: t, logprobs }) => {
                 text.push_str(&t);
                 tokens.extend(logprobs);

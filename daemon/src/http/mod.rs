@@ -3,6 +3,7 @@
 
 mod conn;
 mod cors;
+pub mod embeddings;
 pub mod error;
 mod generate;
 mod page;
@@ -64,11 +65,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
         .route("/v1/responses", post(responses::responses))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         // Unversioned aliases, as llama-server and vLLM accept them: same auth, same
         // handlers.
         .route("/chat/completions", post(generate::chat))
         .route("/completions", post(generate::completion))
         .route("/responses", post(responses::responses))
+        .route("/embeddings", post(embeddings::embeddings))
         .route("/models", get(routes::models))
         .route("/models/{id}", get(routes::model))
         .route("/v1/models", get(routes::models))
@@ -136,7 +139,12 @@ fn v1_auth(state: &AppState, req: &Request) -> Result<(), ApiError> {
 fn is_unversioned_api(path: &str) -> bool {
     matches!(
         path,
-        "/tokenize" | "/detokenize" | "/chat/completions" | "/completions" | "/responses"
+        "/tokenize"
+            | "/detokenize"
+            | "/chat/completions"
+            | "/completions"
+            | "/responses"
+            | "/embeddings"
     ) || path == "/models"
         || path.starts_with("/models/")
 }

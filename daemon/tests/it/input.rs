@@ -165,7 +165,7 @@ async fn body_over_the_limit_is_413() {
 
 #[tokio::test]
 async fn unknown_route_is_404() {
-    let resp = shared().get("/v1/embeddings").await;
+    let resp = shared().get("/v1/fine_tuning/jobs").await;
     assert_error(resp, 404, None, Some("not_found")).await;
 }
 

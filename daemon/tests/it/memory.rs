@@ -70,6 +70,7 @@ fn check_reads_the_real_gguf_header_without_loading_weights() {
         "compute",
         "overhead",
         "constraint",
+        "embeddings",
         "margin",
     ]
     .iter()
@@ -223,17 +224,21 @@ async fn worst_case_peak_rss_stays_within_the_ledger_without_its_margin() {
     // deployment on this box, not the suite's 1.
     let d = Daemon::start(&["--slots", "4", "--ctx", "1024", "--threads", "2"]);
     let status = d.status().await;
-    // The worst case here is unconstrained: the `constraint` term (structured output's
-    // parsers) stays untouched, so the bound it must meet leaves that term out.
-    let constraint = status["memory"]["terms"]
-        .as_array()
-        .and_then(|ts| ts.iter().find(|t| t["name"] == "constraint"))
-        .and_then(|t| t["bytes"].as_u64())
-        .expect("a constraint term");
+    // The worst case here is unconstrained and embeds nothing: the `constraint` term
+    // (structured output's parsers) and the `embeddings` term (the embeddings context)
+    // stay untouched, so the bound it must meet leaves them out.
+    let term = |name: &str| {
+        status["memory"]["terms"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["name"] == name))
+            .and_then(|t| t["bytes"].as_u64())
+            .unwrap_or_else(|| panic!("a {name} term"))
+    };
     let expected = status["memory"]["expected_peak_bytes"]
         .as_u64()
         .expect("expected_peak_bytes")
-        - constraint;
+        - term("constraint")
+        - term("embeddings");
     let required = status["memory"]["required_bytes"]
         .as_u64()
         .expect("required_bytes");

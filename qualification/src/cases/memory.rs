@@ -15,13 +15,15 @@ use crate::{ensure, ensure_eq};
 
 const G: Group = Group::Memory;
 const MIB: u64 = 1 << 20;
-/// llama.cpp's ledger; `constraint` is structured output's parsers (that backend only).
+/// llama.cpp's ledger; `constraint` is structured output's parsers and `embeddings` the
+/// embeddings context (that backend only).
 const TERMS: &[&str] = &[
     "weights",
     "kv",
     "compute",
     "overhead",
     "constraint",
+    "embeddings",
     "margin",
 ];
 /// The native backend's ledger: its forward pass's scratch in place of llama.cpp's compute
@@ -190,7 +192,7 @@ pub fn register(r: &mut Registry) {
         G,
         "memory.check.terms_named",
         "The ledger names every term",
-        "terms weights, kv, compute, overhead, constraint, margin in that order (native: weights, kv, scratch, overhead, margin)",
+        "terms weights, kv, compute, overhead, constraint, embeddings, margin in that order (native: weights, kv, scratch, overhead, margin)",
         |c, ev| {
             let (_, d) = check(c, &SHARED_ARGS)?;
             let names: Vec<String> = d["ledger"]["terms"]

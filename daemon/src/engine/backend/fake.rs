@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::logprobs::TokenLogprobs;
 use super::seam::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
 use crate::engine::clock::ManualClock;
+use crate::engine::embed::{Pooled, Pooling};
 use crate::engine::types::SamplingParams;
 
 /// The token the fake vocabulary reads as end of generation.
@@ -59,6 +60,8 @@ pub struct Fake {
     generated: Vec<u32>,
     /// Per sequence, the `logprobs` it was opened with.
     logprobs: Vec<Option<u8>>,
+    /// Per sequence opened for an embedding: rows `[token, pos]` pooled so far.
+    embeds: Vec<Option<Pooled>>,
 }
 
 impl Fake {
@@ -68,6 +71,7 @@ impl Fake {
             clock,
             generated: vec![0; slots],
             logprobs: vec![None; slots],
+            embeds: vec![None; slots],
         };
         fake.with(|c| c.step_time = step_time);
         fake
@@ -107,6 +111,13 @@ impl Backend for Fake {
         })?;
         self.generated[seq] = 0;
         self.logprobs[seq] = sampling.logprobs;
+        self.embeds[seq] = None;
+        Ok(())
+    }
+
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        self.open(seq, &SamplingParams::default())?;
+        self.embeds[seq] = Some(Pooled::new(pooling));
         Ok(())
     }
 
@@ -137,6 +148,18 @@ impl Backend for Fake {
             .iter()
             .map(|w| {
                 let seq = w.seq();
+                if let (Some(pooled), Work::Prefill { tokens, pos, .. }, false) =
+                    (self.embeds[seq].as_mut(), w, whole)
+                {
+                    for (i, &t) in tokens.iter().enumerate() {
+                        pooled.push(&[t as f32, (*pos as usize + i) as f32]);
+                    }
+                    let embedding = w.samples().then(|| pooled.finish()).flatten();
+                    return SeqOutcome {
+                        embedding,
+                        ..SeqOutcome::new(seq, Ok(None))
+                    };
+                }
                 let result = if whole {
                     Err(BackendError::Step("injected step failure".into()))
                 } else if c.fail_seqs.remove(&seq) {
@@ -164,9 +187,8 @@ impl Backend for Fake {
                     _ => None,
                 };
                 SeqOutcome {
-                    seq,
-                    result,
                     logprobs,
+                    ..SeqOutcome::new(seq, result)
                 }
             })
             .collect()

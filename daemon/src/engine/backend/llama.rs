@@ -11,12 +11,14 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
+use super::llama_embed as embed;
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
 use super::seam::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab, Work,
 };
 use crate::engine::chat::model::LoadedModel;
+use crate::engine::embed::Pooling;
 use crate::engine::plan::EnginePlan;
 use crate::engine::types::{EngineError, SamplingParams};
 
@@ -26,6 +28,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     shared_kv_pool: true,
     logprobs: true,
     own_weights: false,
+    embeddings: true,
     devices: &[Device::Cpu],
 };
 
@@ -39,6 +42,8 @@ pub struct LlamaCpp<'m> {
     stream_cells: u32,
     /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
     row: Vec<f32>,
+    /// The embedding passes and their own context (see [`embed`]).
+    embed: embed::Passes<'m>,
 }
 
 /// A sequence's sampler chain, and what its `logprobs` need: the chain biases the
@@ -93,7 +98,52 @@ impl<'m> LlamaCpp<'m> {
             shared_kv: plan.shared_kv,
             stream_cells: plan.ctx,
             row: Vec::new(),
+            embed: embed::Passes::new(plan.sequences(), plan.ctx, plan.threads),
         })
+    }
+
+    /// A step of generation sequences only: one `llama_decode` over the plan.
+    fn step_generation(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        let failed = |reason: String| {
+            tracing::error!(
+                reason,
+                "llama_decode failed; failing the sequences in this step"
+            );
+            plan.work
+                .iter()
+                .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
+                .collect()
+        };
+        let logits = match self.fill(plan) {
+            Ok(l) => l,
+            Err(e) => return failed(format!("batch assembly: {e}")),
+        };
+        if let Err(e) = self.ctx.decode(&mut self.batch) {
+            return failed(e.to_string());
+        }
+        plan.work
+            .iter()
+            .zip(logits)
+            .map(|(work, at)| {
+                let seq = work.seq();
+                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
+                    (None, _) => SeqOutcome::new(seq, Ok(None)),
+                    (Some(idx), Some(sampler)) => {
+                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
+                        SeqOutcome {
+                            logprobs,
+                            ..SeqOutcome::new(seq, Ok(Some(token)))
+                        }
+                    }
+                    (Some(_), None) => SeqOutcome::new(
+                        seq,
+                        Err(BackendError::Sequence(format!(
+                            "sequence {seq} was not opened"
+                        ))),
+                    ),
+                }
+            })
+            .collect()
     }
 
     /// Fills the batch in plan order; returns, per work, the batch index of its logits.
@@ -135,6 +185,7 @@ impl Backend for LlamaCpp<'_> {
             .samplers
             .get_mut(seq)
             .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        self.embed.close(seq);
         *slot = Some(SeqSampler {
             chain: build_sampler(sampling, self.model.info().n_vocab),
             logprobs: sampling.logprobs,
@@ -143,45 +194,36 @@ impl Backend for LlamaCpp<'_> {
         Ok(())
     }
 
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        self.embed.open(seq, pooling)
+    }
+
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        let failed = |reason: String| {
-            tracing::error!(
-                reason,
-                "llama_decode failed; failing the sequences in this step"
-            );
-            plan.work
-                .iter()
-                .map(|w| SeqOutcome::new(w.seq(), Err(BackendError::Step(reason.clone()))))
-                .collect()
-        };
-        let logits = match self.fill(plan) {
-            Ok(l) => l,
-            Err(e) => return failed(format!("batch assembly: {e}")),
-        };
-        if let Err(e) = self.ctx.decode(&mut self.batch) {
-            return failed(e.to_string());
+        if !plan.work.iter().any(|w| self.embed.has(w.seq())) {
+            return self.step_generation(plan);
         }
+        // Embedding passes run in their own context; the rest share one decode as usual.
+        let generation = StepPlan {
+            work: (plan.work.iter())
+                .filter(|w| !self.embed.has(w.seq()))
+                .cloned()
+                .collect(),
+        };
+        let mut generated = if generation.is_empty() {
+            Vec::new()
+        } else {
+            self.step_generation(&generation)
+        }
+        .into_iter();
         plan.work
             .iter()
-            .zip(logits)
-            .map(|(work, at)| {
-                let seq = work.seq();
-                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
-                    (None, _) => SeqOutcome::new(seq, Ok(None)),
-                    (Some(idx), Some(sampler)) => {
-                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
-                        SeqOutcome {
-                            seq,
-                            result: Ok(Some(token)),
-                            logprobs,
-                        }
-                    }
-                    (Some(_), None) => SeqOutcome::new(
-                        seq,
-                        Err(BackendError::Sequence(format!(
-                            "sequence {seq} was not opened"
-                        ))),
-                    ),
+            .map(|w| {
+                if self.embed.has(w.seq()) {
+                    self.embed.work(self.model, w)
+                } else {
+                    generated.next().unwrap_or_else(|| {
+                        SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
+                    })
                 }
             })
             .collect()
@@ -191,6 +233,7 @@ impl Backend for LlamaCpp<'_> {
         if let Some(s) = self.samplers.get_mut(seq) {
             *s = None;
         }
+        self.embed.close(seq);
     }
 
     fn truncate(&mut self, seq: SeqId, len: u32) {

@@ -10,7 +10,7 @@
 //! - [`footprint`]: each backend's memory terms for a plan (the ledger decides on them).
 //! - [`sampling_chain`]: the order, penalty window and defaults of sampling.
 //! - [`logprobs`]: log-probabilities of a logits row (bias applied as sampled).
-//! - [`llama`]: llama.cpp on the CPU.
+//! - [`llama`]: llama.cpp on the CPU (`llama_embed`: its embeddings context).
 //! - [`native`]: the native Q8_0 forward pass on the kernels' CPU twins or CUDA.
 //! - `fake` (tests): a scripted backend on a manual clock.
 
@@ -18,6 +18,7 @@
 pub(crate) mod fake;
 pub mod footprint;
 pub mod llama;
+mod llama_embed;
 pub mod logprobs;
 pub mod native;
 pub mod open;

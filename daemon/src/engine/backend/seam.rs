@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use super::logprobs::TokenLogprobs;
+use crate::engine::embed::Pooling;
 use crate::engine::types::SamplingParams;
 
 /// Where a backend computes.
@@ -41,6 +42,8 @@ pub struct Capabilities {
     pub logprobs: bool,
     /// The backend maps the weights itself, so the tokenizer loads the vocabulary only.
     pub own_weights: bool,
+    /// Embedding passes: a sequence's pooled final-norm hidden states.
+    pub embeddings: bool,
     /// The devices it computes on.
     pub devices: &'static [Device],
 }
@@ -143,6 +146,8 @@ pub struct SeqOutcome {
     pub seq: SeqId,
     pub result: Result<Option<i32>, BackendError>,
     pub logprobs: Option<TokenLogprobs>,
+    /// An embedding sequence's pooled, normalised vector, on the work that ends its prompt.
+    pub embedding: Option<Vec<f32>>,
 }
 
 impl SeqOutcome {
@@ -151,6 +156,7 @@ impl SeqOutcome {
             seq,
             result,
             logprobs: None,
+            embedding: None,
         }
     }
 }
@@ -185,6 +191,14 @@ pub trait Backend {
     /// Prepares sequence `seq` to be fed from position 0 with these sampling settings.
     fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError>;
 
+    /// Prepares sequence `seq` for an embedding pass: its prompt chunks are fed as usual
+    /// (`sample` set on the last), nothing is sampled, and the outcome of the last chunk
+    /// carries the pooled vector in [`SeqOutcome::embedding`].
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        let _ = (seq, pooling);
+        Err(BackendError::Unsupported("embeddings"))
+    }
+
     /// Runs one step.
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome>;
 
@@ -216,6 +230,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
         (**self).open(seq, sampling)
+    }
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        (**self).open_embedding(seq, pooling)
     }
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
         (**self).step(plan)

@@ -54,7 +54,11 @@ impl Selection {
     pub fn capabilities(&self) -> Capabilities {
         match self.backend {
             BackendKind::LlamaCpp => super::llama::CAPABILITIES,
-            BackendKind::Native => super::native::backend::CAPABILITIES,
+            // Embedding passes run on the CPU twins only (`Pass::run_hidden`).
+            BackendKind::Native => Capabilities {
+                embeddings: self.device == Device::Cpu,
+                ..super::native::backend::CAPABILITIES
+            },
         }
     }
 

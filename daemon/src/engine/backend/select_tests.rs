@@ -257,3 +257,29 @@ fn the_backend_device_and_gpu_are_exported_and_shown() {
     );
     assert!(text.contains("\ninferloop_cpu_fallback 0\n"), "{text}");
 }
+
+#[test]
+fn embeddings_are_offered_by_llama_cpp_and_native_on_the_cpu_but_not_on_cuda() {
+    let llama = select(BackendChoice::Llama, DeviceChoice::Auto, None, none, q4).unwrap();
+    assert!(llama.capabilities().embeddings);
+    let cpu = select(BackendChoice::Native, DeviceChoice::Cpu, None, none, q8).unwrap();
+    assert!(cpu.capabilities().embeddings);
+    let cuda = select(
+        BackendChoice::Native,
+        DeviceChoice::Cuda,
+        Some(false),
+        gpu,
+        q8,
+    )
+    .unwrap();
+    assert_eq!(cuda.device, Device::Cuda);
+    assert!(!cuda.capabilities().embeddings);
+    // The rest of the native capabilities do not depend on the device.
+    assert_eq!(
+        (
+            cuda.capabilities().logprobs,
+            cuda.capabilities().own_weights
+        ),
+        (true, true)
+    );
+}

@@ -41,6 +41,19 @@ pub struct ModelInfo {
     pub chat_template_file: Option<PathBuf>,
     /// File modification time, used as the model's `created` timestamp.
     pub created: u64,
+    /// `<arch>.pooling_type` from the GGUF (llama.cpp's enum), absent for a chat model.
+    pub pooling_type: Option<u32>,
+}
+
+/// `<arch>.pooling_type` as the GGUF stores it, when it does.
+fn pooling_type(model: &LlamaModel) -> Option<u32> {
+    let arch = model.meta_val_str("general.architecture").ok()?;
+    model
+        .meta_val_str(&format!("{arch}.pooling_type"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// What llama.cpp was compiled with, e.g. `CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | …`. The
@@ -163,6 +176,7 @@ impl LoadedModel {
             chat_template: template.kind(),
             chat_template_file: chat_template.map(Path::to_path_buf),
             created,
+            pooling_type: pooling_type(&model),
         };
         if vocab_only {
             // llama.cpp leaves the layer hyperparameters unread without the weights.

@@ -25,6 +25,14 @@ impl<B: Backend> Scheduler<'_, B> {
         seq.reuse(cached);
     }
 
+    /// An embedding pass feeds its whole prompt (every position's hidden state is pooled):
+    /// it reuses nothing, and what its slot held is dropped.
+    pub(super) fn place_embedding(&mut self, slot: usize) {
+        if self.prefix.enabled() {
+            self.reuse_prefix(slot, &[]);
+        }
+    }
+
     /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
     /// or shared from another slot) and drops the rest of what the slot held. Returns the
     /// number of prompt tokens that need no prefill.
@@ -86,7 +94,10 @@ impl<B: Backend> Scheduler<'_, B> {
             .enumerate()
             .filter_map(|(s, q)| q.as_ref().map(|q| (s, q)))
             .filter(|&(s, q)| {
-                s != slot && matches!(q.phase, Phase::Prefill { .. }) && q.awaiting.is_none()
+                s != slot
+                    && matches!(q.phase, Phase::Prefill { .. })
+                    && q.awaiting.is_none()
+                    && q.embed.is_none()
             })
             .map(|(s, q)| {
                 (

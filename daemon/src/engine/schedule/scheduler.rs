@@ -216,12 +216,12 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             }
             // Validation never lets one through; a sequence with nothing to feed would
             // never leave its slot.
-            let opened = if seq.prompt.is_empty() {
-                Err(crate::engine::backend::seam::BackendError::Sequence(
+            let opened = match (seq.prompt.is_empty(), seq.embed) {
+                (true, _) => Err(crate::engine::backend::seam::BackendError::Sequence(
                     "empty prompt".into(),
-                ))
-            } else {
-                self.backend.open(slot, &seq.sampling)
+                )),
+                (false, Some(pooling)) => self.backend.open_embedding(slot, pooling),
+                (false, None) => self.backend.open(slot, &seq.sampling),
             };
             if let Err(e) = opened {
                 seq.send_failed(EngineError::Decode(e.to_string()));
@@ -233,7 +233,11 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.metrics
                 .prompt_tokens_total
                 .inc_by(seq.prompt.len() as u64);
-            self.place_prompt(slot, &mut seq);
+            if seq.embed.is_some() {
+                self.place_embedding(slot);
+            } else {
+                self.place_prompt(slot, &mut seq);
+            }
             self.seqs[slot] = Some(seq);
             self.evict_for_pool();
         }
@@ -268,7 +272,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             let outcome = outcomes.get(i).filter(|o| o.seq == slot);
             let result = outcome.map(|o| &o.result);
             let logprobs = outcome.and_then(|o| o.logprobs.as_ref());
-            if let Some(Ok(_)) = result {
+            // An embedding pass's cells are not indexed: llama.cpp computes it in its own
+            // context, so the slot's cells never hold it.
+            if let (Some(Ok(_)), None) = (result, seq.embed) {
                 match seq.phase {
                     Phase::Decoding { next } => self.prefix.fed(slot, &[next], false),
                     Phase::Prefill { fed } => {
@@ -278,7 +284,16 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 }
             }
             seq.fed(n);
+            let embedding = outcome.and_then(|o| o.embedding.clone());
+            let prompt_done =
+                matches!(seq.phase, Phase::Prefill { fed } if fed == seq.prompt.len());
             match result {
+                Some(Ok(None)) if seq.embed.is_some() && prompt_done => match embedding {
+                    Some(v) => seq.embedded(v, now),
+                    None => seq.end(End::Failed(EngineError::Decode(
+                        "the backend returned no embedding for this sequence".into(),
+                    ))),
+                },
                 Some(Ok(None)) => {}
                 Some(Ok(Some(token))) => {
                     seq.sampled(*token, logprobs, self.vocab, &self.metrics, now)
@@ -318,7 +333,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                     ("client disconnected", true)
                 }
             };
-            self.release(slot, why, cells_valid);
+            // An embedding pass leaves nothing the prefix index knows of to keep.
+            self.release(slot, why, cells_valid && seq.embed.is_none());
         }
     }
 

@@ -93,6 +93,7 @@ impl Rig {
             stop: Vec::new(),
             sampling: SamplingParams::default(),
             received_at: self.clock.now(),
+            embed: None,
         }
     }
 
@@ -301,7 +302,7 @@ fn waiters_are_admitted_in_arrival_order() {
                 match event {
                     Event::Admitted { .. } => order.push(id),
                     Event::Finished { .. } => finished += 1,
-                    Event::Text { .. } => {}
+                    Event::Text { .. } | Event::Embedding(_) => {}
                     Event::Failed(e) => panic!("request {id} failed: {e}"),
                 }
             }
@@ -736,6 +737,7 @@ fn request(prompt: usize, max_tokens: u32, clock: &thread::Handle) -> Generation
         stop: Vec::new(),
         sampling: SamplingParams::default(),
         received_at: clock.now(),
+        embed: None,
     }
 }
 
@@ -822,4 +824,51 @@ async fn the_plans_stall_file_holds_the_loop_until_it_is_removed() {
     assert!(engine.load().beat.is_some());
     engine.shutdown();
     assert!(engine.wait_stopped(HANDSHAKE));
+}
+
+#[test]
+fn an_embedding_pass_spans_prompt_chunks_answers_its_vector_and_leaves_no_prefix() {
+    let mut r = rig(plan(1, 1));
+    let n = STEP_TOKENS as usize * 2 + 3;
+    let mut req = r.request(n, 0);
+    req.embed = Some(crate::engine::embed::Pooling::Mean);
+    let mut rx = r.submit(req).expect("accepted");
+    assert!(matches!(r.next(&mut rx), Event::Admitted { .. }));
+    // The fake pools rows [token, pos]: every token is 5, positions 0..n.
+    let Event::Embedding(v) = r.next(&mut rx) else {
+        panic!("expected the embedding");
+    };
+    let expected = crate::engine::embed::normalize(&[5.0, (n - 1) as f64 / 2.0]);
+    assert_eq!(v, expected);
+    let Event::Finished { usage, .. } = r.next(&mut rx) else {
+        panic!("expected the end");
+    };
+    assert_eq!(
+        (usage.prompt_tokens, usage.completion_tokens),
+        (n as u32, 0)
+    );
+    assert_eq!(r.metrics.prompt_tokens_total.get(), n as u64);
+    r.turn();
+    assert_eq!(r.load().active, 0);
+    // Its cells are dropped, not kept as a prefix: a chat with the same prompt reuses none.
+    assert!(r.fake.log().truncated.contains(&(0, 0)));
+    let mut chat = r.submit(r.request(n, 2)).expect("accepted");
+    let (_, end) = r.last(&mut chat);
+    let Event::Finished { usage, .. } = end else {
+        panic!("expected the chat to finish: {end:?}");
+    };
+    assert_eq!(usage.prompt_tokens_details.cached_tokens, 0);
+}
+
+#[test]
+fn embedding_passes_wait_in_the_queue_like_generation() {
+    let mut r = rig(plan(1, 1));
+    let _running = r.submit(r.request(4, LONG)).expect("runs");
+    let mut req = r.request(4, 0);
+    req.embed = Some(crate::engine::embed::Pooling::Last);
+    let _queued = r.submit(req).expect("queued");
+    let mut full = r.request(4, 0);
+    full.embed = Some(crate::engine::embed::Pooling::Mean);
+    let refused = r.submit(full).expect_err("queue full");
+    assert_eq!(refused.kind(), "queue_full");
 }

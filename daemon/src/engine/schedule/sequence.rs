@@ -10,6 +10,7 @@ use super::state::Waiter;
 use super::text::TextStream;
 use crate::engine::backend::logprobs::TokenLogprobs;
 use crate::engine::backend::seam::Vocab;
+use crate::engine::embed::Pooling;
 use crate::engine::types::{
     EngineError, Event, FinishReason, GenerationRequest, PromptTokensDetails, SamplingParams,
     Timings, TokenLogprob, Usage,
@@ -43,6 +44,8 @@ pub struct Sequence {
     pub phase: Phase,
     pub prompt: Vec<i32>,
     pub sampling: SamplingParams,
+    /// An embedding pass: fed once, answered with its vector (see [`Sequence::embedded`]).
+    pub embed: Option<Pooling>,
     max_tokens: u32,
     text: TextStream,
     /// Log-probabilities not sent yet, each with the offset of its token's first byte in
@@ -84,6 +87,7 @@ impl Sequence {
             phase: Phase::Waiting,
             prompt: request.prompt_tokens,
             sampling: request.sampling,
+            embed: request.embed,
             max_tokens: request.max_tokens,
             text: TextStream::new(request.stop),
             pending: VecDeque::new(),
@@ -136,6 +140,17 @@ impl Sequence {
         if let Phase::Prefill { fed } = &mut self.phase {
             *fed += n;
         }
+    }
+
+    /// An embedding pass's vector: it goes out, and the sequence finishes. (No TTFT: no
+    /// token is generated; the request's duration is observed when it finishes.)
+    pub fn embedded(&mut self, embedding: Vec<f32>, now: Instant) {
+        self.first_token_at = Some(now);
+        self.last_token_at = Some(now);
+        if self.events.send(Event::Embedding(embedding)).is_err() {
+            return self.end(End::ClientGone);
+        }
+        self.end(End::Finished(FinishReason::Stop));
     }
 
     /// Applies one sampled token: text (and its log-probabilities) out, then the stop, end

@@ -88,7 +88,7 @@ async fn collect(
     let mut output = Output::new(tools);
     loop {
         match events.recv().await {
-            Some(Event::Admitted { .. }) => {}
+            Some(Event::Admitted { .. } | Event::Embedding(_)) => {}
             Some(Event::Text { text, .. }) => output.push(&text),
             Some(Event::Finished { reason, usage, .. }) => {
                 complete(&mut response, &mut output, reason, usage, unix_now());

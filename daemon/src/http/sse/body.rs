@@ -69,7 +69,7 @@ pub fn events_to_body<F: Frames>(
             };
             let bytes = match next {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
-                Ok(Some(Event::Admitted { .. })) => continue,
+                Ok(Some(Event::Admitted { .. } | Event::Embedding(_))) => continue,
                 Ok(Some(Event::Text { text, logprobs })) => {
                     let bytes = framer.text(&text, &logprobs);
                     // The tool parser may hold all of it back for now.

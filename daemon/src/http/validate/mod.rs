@@ -4,6 +4,7 @@
 
 mod chat;
 mod completions;
+mod embeddings;
 mod format;
 mod items;
 mod json;
@@ -16,6 +17,9 @@ mod tools;
 
 pub use chat::chat;
 pub use completions::completion;
+pub use embeddings::{
+    check_dimensions, check_token_ids, embeddings, EmbedInputs, ValidEmbeddings, MAX_INPUTS,
+};
 pub use json::parse_json;
 pub use request::{Input, InvalidRequest, ValidRequest};
 pub use responses::{responses, ValidResponses};

@@ -15,6 +15,7 @@ use crate::{ensure, ensure_eq};
 const G: Group = Group::Api;
 
 mod cors;
+mod embeddings;
 mod objects;
 mod request;
 mod responses;
@@ -26,5 +27,6 @@ pub fn register(r: &mut Registry) {
     objects::register(r);
     request::register(r);
     responses::register(r);
+    embeddings::register(r);
     cors::register(r);
 }

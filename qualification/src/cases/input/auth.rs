@@ -11,7 +11,7 @@ pub(super) fn register(r: &mut Registry) {
         "401 invalid_api_key with `WWW-Authenticate: Bearer`, on known and unknown /v1 paths",
         |c, ev| {
             let (t, _, _fx) = keyed(c)?;
-            for path in ["/v1/models", "/v1/embeddings"] {
+            for path in ["/v1/models", "/v1/fine_tuning/jobs"] {
                 let resp = t.send_raw(Request::get(path))?;
                 ev.text(path, &resp.describe());
                 expect_error(&resp, 401, None, Some("invalid_api_key"))?;

@@ -42,6 +42,7 @@ fn keyed(c: &Ctx) -> Result<(Target, String, Option<std::sync::Arc<crate::ctx::F
 }
 
 mod auth;
+mod embeddings;
 mod ignored;
 mod malformed;
 mod range;
@@ -69,6 +70,7 @@ pub fn register(r: &mut Registry) {
     types::register(r);
     responses::register(r);
     range::register(r);
+    embeddings::register(r);
     malformed::register(r);
     size::register(r);
     auth::register(r);

@@ -7,6 +7,7 @@ use super::sampling::Sampler;
 use crate::engine::backend::seam::{
     Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
 };
+use crate::engine::embed::{Pooled, Pooling};
 use crate::engine::types::SamplingParams;
 
 /// Per-sequence KV streams and Rust samplers: no grammar, no shared pool; the CPU twins or
@@ -16,12 +17,16 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     shared_kv_pool: false,
     logprobs: true,
     own_weights: true,
+    // On the CPU; the CUDA pass has no `run_hidden` (see `Selection::capabilities`).
+    embeddings: true,
     devices: &[Device::Cpu, Device::Cuda],
 };
 
 pub struct NativeBackend<'m> {
     model: Model<'m>,
     samplers: Vec<Option<Sampler>>,
+    /// Per sequence opened for an embedding: its pooling so far.
+    embeds: Vec<Option<Pooled>>,
     batch: Vec<BatchToken>,
     want: Vec<bool>,
 }
@@ -33,6 +38,7 @@ impl<'m> NativeBackend<'m> {
         Self {
             model,
             samplers: (0..n_seq).map(|_| None).collect(),
+            embeds: (0..n_seq).map(|_| None).collect(),
             batch: Vec::new(),
             want: Vec::new(),
         }
@@ -72,36 +78,64 @@ impl<'m> NativeBackend<'m> {
         {
             return Some(format!("token {t} outside the vocabulary of {n_vocab}"));
         }
-        if work.samples() && self.samplers[seq].is_none() {
+        if work.samples() && self.samplers[seq].is_none() && !self.is_embedding(seq) {
             return Some(format!("sequence {seq} was not opened"));
         }
         None
     }
-}
 
-impl Backend for NativeBackend<'_> {
-    fn name(&self) -> &'static str {
-        "native"
+    fn is_embedding(&self, seq: SeqId) -> bool {
+        self.embeds.get(seq).is_some_and(Option::is_some)
     }
 
-    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
-        let slot = self
-            .samplers
-            .get_mut(seq)
-            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
-        if sampling.constraint.is_some() {
-            if let Some(why) = CAPABILITIES.refuse_constraint(
-                "native",
-                "constrained output (response_format, a forced tool call)",
-            ) {
-                return Err(BackendError::Sequence(why));
-            }
+    /// One embedding sequence's prompt chunk: every token's hidden state pooled; the last
+    /// chunk's outcome carries the vector.
+    fn embed_work(&mut self, work: &Work<'_>) -> SeqOutcome {
+        let seq = work.seq();
+        if let Some(why) = self.refuse(work) {
+            return SeqOutcome::new(seq, Err(BackendError::Sequence(why)));
         }
-        *slot = Some(Sampler::new(sampling));
-        Ok(())
+        let Work::Prefill {
+            tokens,
+            pos,
+            sample,
+            ..
+        } = *work
+        else {
+            return SeqOutcome::new(
+                seq,
+                Err(BackendError::Sequence(format!(
+                    "sequence {seq} is an embedding pass: it decodes nothing"
+                ))),
+            );
+        };
+        self.batch.clear();
+        self.batch
+            .extend(tokens.iter().enumerate().map(|(i, &token)| BatchToken {
+                seq,
+                token,
+                pos: pos + i as u32,
+            }));
+        let e = self.model.hparams().n_embd;
+        let hidden = match self.model.hidden(&self.batch) {
+            Ok(h) => h,
+            Err(err) => return SeqOutcome::new(seq, Err(BackendError::Sequence(err.to_string()))),
+        };
+        let Some(pooled) = self.embeds[seq].as_mut() else {
+            return SeqOutcome::new(
+                seq,
+                Err(BackendError::Sequence(format!("no sequence {seq}"))),
+            );
+        };
+        hidden.chunks_exact(e).for_each(|row| pooled.push(row));
+        SeqOutcome {
+            embedding: if sample { pooled.finish() } else { None },
+            ..SeqOutcome::new(seq, Ok(None))
+        }
     }
 
-    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+    /// A step of generation sequences only: one forward over the plan, then sampling.
+    fn step_generation(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
         // Per work: `Err` when refused, else whether it has a logits row.
         let mut fed: Vec<Result<bool, String>> = Vec::with_capacity(plan.work.len());
         self.batch.clear();
@@ -170,9 +204,8 @@ impl Backend for NativeBackend<'_> {
                         (Some(row), Some(sampler)) => {
                             let (token, logprobs) = sampler.sample_reporting(row);
                             SeqOutcome {
-                                seq,
-                                result: Ok(Some(token)),
                                 logprobs,
+                                ..SeqOutcome::new(seq, Ok(Some(token)))
                             }
                         }
                         _ => SeqOutcome::new(
@@ -186,10 +219,80 @@ impl Backend for NativeBackend<'_> {
             })
             .collect()
     }
+}
+
+impl Backend for NativeBackend<'_> {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    fn open(&mut self, seq: SeqId, sampling: &SamplingParams) -> Result<(), BackendError> {
+        let slot = self
+            .samplers
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        if sampling.constraint.is_some() {
+            if let Some(why) = CAPABILITIES.refuse_constraint(
+                "native",
+                "constrained output (response_format, a forced tool call)",
+            ) {
+                return Err(BackendError::Sequence(why));
+            }
+        }
+        *slot = Some(Sampler::new(sampling));
+        Ok(())
+    }
+
+    fn open_embedding(&mut self, seq: SeqId, pooling: Pooling) -> Result<(), BackendError> {
+        if self.model.cuda().is_some() {
+            return Err(BackendError::Unsupported("embeddings on CUDA"));
+        }
+        let slot = self
+            .embeds
+            .get_mut(seq)
+            .ok_or_else(|| BackendError::Sequence(format!("no sequence {seq}")))?;
+        *slot = Some(Pooled::new(pooling));
+        Ok(())
+    }
+
+    fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
+        if !plan.work.iter().any(|w| self.is_embedding(w.seq())) {
+            return self.step_generation(plan);
+        }
+        // Embedding passes run apart (every token's hidden state, no logits); the rest
+        // share one forward as usual.
+        let generation = StepPlan {
+            work: (plan.work.iter())
+                .filter(|w| !self.is_embedding(w.seq()))
+                .cloned()
+                .collect(),
+        };
+        let mut generated = if generation.is_empty() {
+            Vec::new()
+        } else {
+            self.step_generation(&generation)
+        }
+        .into_iter();
+        plan.work
+            .iter()
+            .map(|w| {
+                if self.is_embedding(w.seq()) {
+                    self.embed_work(w)
+                } else {
+                    generated.next().unwrap_or_else(|| {
+                        SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
+                    })
+                }
+            })
+            .collect()
+    }
 
     fn close(&mut self, seq: SeqId) {
         if let Some(s) = self.samplers.get_mut(seq) {
             *s = None;
+        }
+        if let Some(e) = self.embeds.get_mut(seq) {
+            *e = None;
         }
     }
 
@@ -325,6 +428,73 @@ mod tests {
     }
 
     #[test]
+    fn an_embedding_fed_in_chunks_beside_a_generation_equals_one_pass() {
+        let s = synth(Spec::llama(), 11);
+        let prompt = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2];
+        let mut one = NativeBackend::new(model(&s, 2));
+        one.open_embedding(0, Pooling::Mean).expect("opens");
+        let out = one.step(&StepPlan {
+            work: vec![Work::Prefill {
+                seq: 0,
+                tokens: &prompt,
+                pos: 0,
+                sample: true,
+            }],
+        });
+        assert_eq!(out[0].result, Ok(None));
+        let whole = out[0]
+            .embedding
+            .clone()
+            .expect("a vector on the last chunk");
+        assert_eq!(
+            whole.len(),
+            HParams::from_metadata(&s).expect("hparams").n_embd
+        );
+        let norm: f64 = whole
+            .iter()
+            .map(|&x| f64::from(x).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "|v| = {norm}");
+
+        let mut two = NativeBackend::new(model(&s, 2));
+        two.open_embedding(0, Pooling::Mean).expect("opens");
+        two.open(1, &greedy()).expect("opens");
+        let gen = [1, 2, 3];
+        let first = two.step(&StepPlan {
+            work: vec![
+                Work::Prefill {
+                    seq: 0,
+                    tokens: &prompt[..5],
+                    pos: 0,
+                    sample: false,
+                },
+                Work::Prefill {
+                    seq: 1,
+                    tokens: &gen,
+                    pos: 0,
+                    sample: true,
+                },
+            ],
+        });
+        assert_eq!(
+            (first[0].result.clone(), first[0].embedding.is_none()),
+            (Ok(None), true)
+        );
+        assert_eq!(first[1].result, Ok(Some(reference_next(&s, &gen))));
+        let last = two.step(&StepPlan {
+            work: vec![Work::Prefill {
+                seq: 0,
+                tokens: &prompt[5..],
+                pos: 5,
+                sample: true,
+            }],
+        });
+        // Each column's arithmetic is its own: the same bits, chunked or not.
+        assert_eq!(last[0].embedding.as_ref(), Some(&whole));
+    }
+
+    #[test]
     fn a_bad_work_fails_alone_and_the_kv_calls_reach_the_cache() {
         let s = synth(Spec::llama(), 8);
         let mut b = NativeBackend::new(model(&s, 2));
@@ -400,6 +570,7 @@ mod tests {
             stop: Vec::new(),
             sampling: greedy(),
             received_at: Instant::now(),
+            embed: None,
         };
         let mut rxs = Vec::new();
         for prompt in [vec![1, 17, 4, 42], vec![49, 3, 3, 21, 8]] {
@@ -412,7 +583,7 @@ mod tests {
                     .expect("an event in time")
                     .expect("events until the end");
                 match event {
-                    Event::Admitted { .. } | Event::Text { .. } => {}
+                    Event::Admitted { .. } | Event::Text { .. } | Event::Embedding(_) => {}
                     Event::Finished { reason, usage, .. } => {
                         assert!(matches!(reason, FinishReason::Length | FinishReason::Stop));
                         assert!(usage.completion_tokens >= 1);

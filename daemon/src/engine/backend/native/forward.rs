@@ -25,6 +25,8 @@ pub struct Model<'a> {
     hp: HParams,
     pass: Box<dyn Pass + 'a>,
     logits: Vec<f32>,
+    /// An embedding batch's hidden states: `n_embd` per token.
+    hidden: Vec<f32>,
     /// Per sequence, during a batch: its length once the batch is stored, and its first
     /// position in the batch (`None` when absent).
     next_len: Vec<usize>,
@@ -65,6 +67,7 @@ impl<'a> Model<'a> {
             hp,
             pass,
             logits: Vec::new(),
+            hidden: Vec::new(),
             next_len: vec![0; n_seq],
             first_pos: vec![None; n_seq],
         }
@@ -138,6 +141,28 @@ impl<'a> Model<'a> {
             row += want.iter().filter(|&&w| w).count();
         }
         Ok(&self.logits)
+    }
+
+    /// Feeds `batch` like [`forward`](Self::forward) and returns every token's hidden state
+    /// after the final norm, `n_embd` floats each in batch order: an embedding pass.
+    pub fn hidden(&mut self, batch: &[BatchToken]) -> Result<&[f32], NativeError> {
+        self.check_batch(batch)?;
+        let e = self.hp.n_embd;
+        self.hidden.clear();
+        self.hidden.resize(batch.len() * e, 0.0);
+        for (c, toks) in batch.chunks(UBATCH).enumerate() {
+            let out = &mut self.hidden[c * UBATCH * e..];
+            if let Err(err) = self.pass.run_hidden(toks, out) {
+                let kv = self.pass.kv_mut();
+                for (seq, first) in self.first_pos.iter().enumerate() {
+                    if let Some(p) = *first {
+                        kv.truncate(seq, p).ok();
+                    }
+                }
+                return Err(err);
+            }
+        }
+        Ok(&self.hidden)
     }
 
     /// Checks every token against the cache and fills `next_len` and `first_pos`.

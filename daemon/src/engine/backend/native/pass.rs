@@ -23,6 +23,15 @@ pub trait Pass: Send {
         logits: &mut [f32],
     ) -> Result<(), NativeError>;
 
+    /// Like [`run`](Pass::run), but writes every token's hidden state after the final norm
+    /// (`n_embd` floats each, in order) into `hidden` instead of logits: an embedding pass.
+    fn run_hidden(&mut self, toks: &[BatchToken], hidden: &mut [f32]) -> Result<(), NativeError> {
+        let _ = (toks, hidden);
+        Err(NativeError::Unsupported(
+            "embeddings on this device (the native backend computes them on the CPU)".into(),
+        ))
+    }
+
     fn kv(&self) -> &dyn Kv;
 
     fn kv_mut(&mut self) -> &mut dyn Kv;

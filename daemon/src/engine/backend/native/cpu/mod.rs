@@ -72,14 +72,9 @@ impl<'a> CpuPass<'a> {
     }
 }
 
-impl Pass for CpuPass<'_> {
-    fn run(
-        &mut self,
-        toks: &[BatchToken],
-        want: &[bool],
-        logits: &mut [f32],
-    ) -> Result<(), NativeError> {
-        check_micro_batch(toks, want)?;
+impl CpuPass<'_> {
+    /// Every layer over `toks`: their K and V stored, their residuals left in `s.x`.
+    fn layers(&mut self, toks: &[BatchToken]) -> Result<(), NativeError> {
         let Self {
             hp,
             w,
@@ -187,6 +182,35 @@ impl Pass for CpuPass<'_> {
                 .map_err(op(Some(l), "ffn_down"))?;
             add_inplace(x, o).map_err(op(Some(l), "ffn residual"))?;
         }
+        Ok(())
+    }
+}
+
+impl Pass for CpuPass<'_> {
+    fn run(
+        &mut self,
+        toks: &[BatchToken],
+        want: &[bool],
+        logits: &mut [f32],
+    ) -> Result<(), NativeError> {
+        check_micro_batch(toks, want)?;
+        self.layers(toks)?;
+        let Self {
+            hp,
+            w,
+            kv,
+            isa,
+            threads,
+            activations,
+            s,
+        } = self;
+        let (isa, threads, e, eps) = (*isa, *threads, hp.n_embd, hp.rms_eps);
+        let mm = Matmul {
+            isa,
+            threads,
+            activations: *activations,
+        };
+        let (x, xn, qa) = (&s.x, &mut s.xn, &mut s.qa);
 
         // The wanted rows, packed into `xn`, normalized and projected onto the vocabulary.
         let mut m = 0;
@@ -206,6 +230,24 @@ impl Pass for CpuPass<'_> {
         mm.run(&w.output, xo, m, qa, &mut logits[..m * nv])
             .map_err(op(None, "output"))?;
         kv.hold(toks);
+        Ok(())
+    }
+
+    fn run_hidden(&mut self, toks: &[BatchToken], hidden: &mut [f32]) -> Result<(), NativeError> {
+        check_micro_batch(toks, &vec![false; toks.len()])?;
+        let (n, e) = (toks.len(), self.hp.n_embd);
+        if hidden.len() < n * e {
+            return Err(NativeError::Batch {
+                index: 0,
+                why: format!("{} hidden floats for {n} rows of {e}", hidden.len()),
+            });
+        }
+        self.layers(toks)?;
+        let out = &mut hidden[..n * e];
+        out.copy_from_slice(&self.s.x[..n * e]);
+        rmsnorm_inplace(self.isa, out, &self.w.output_norm, self.hp.rms_eps)
+            .map_err(op(None, "output_norm"))?;
+        self.kv.hold(toks);
         Ok(())
     }
 
