@@ -102,20 +102,34 @@ def keyed_board_url() -> Iterator[str]:
 
 
 def wait_for(what: str, check, timeout: float = WAIT_S):
+    from selenium.common.exceptions import StaleElementReferenceException
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
+        try:
+            last = check()
+        except StaleElementReferenceException as e:
+            # The page redraws its panels every refresh: an element found a moment ago may
+            # be gone by the time it is read. Look again.
+            last = e
+        else:
+            if last:
+                return last
         time.sleep(0.05)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 def text(drv, css: str) -> str:
+    """The text of the first element `css` selects, looked up again if a redraw replaced it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    els = drv.find_elements(By.CSS_SELECTOR, css)
-    return els[0].text if els else ""
+    for _ in range(20):
+        try:
+            els = drv.find_elements(By.CSS_SELECTOR, css)
+            return els[0].text if els else ""
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    pytest.fail(f"{css} was redrawn under every read")
 
 
 def severe(drv) -> list[dict]:
