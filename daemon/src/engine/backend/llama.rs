@@ -15,7 +15,8 @@ use super::llama_embed as embed;
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
 use super::seam::{
-    Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab, Work,
+    step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab,
+    Work,
 };
 use crate::engine::chat::model::LoadedModel;
 use crate::engine::embed::Pooling;
@@ -199,34 +200,17 @@ impl Backend for LlamaCpp<'_> {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        if !plan.work.iter().any(|w| self.embed.has(w.seq())) {
-            return self.step_generation(plan);
-        }
         // Embedding passes run in their own context; the rest share one decode as usual.
-        let generation = StepPlan {
-            work: (plan.work.iter())
-                .filter(|w| !self.embed.has(w.seq()))
-                .cloned()
-                .collect(),
-        };
-        let mut generated = if generation.is_empty() {
-            Vec::new()
-        } else {
-            self.step_generation(&generation)
-        }
-        .into_iter();
-        plan.work
-            .iter()
-            .map(|w| {
-                if self.embed.has(w.seq()) {
-                    self.embed.work(self.model, w)
-                } else {
-                    generated.next().unwrap_or_else(|| {
-                        SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
-                    })
-                }
-            })
-            .collect()
+        step_split(
+            self,
+            plan,
+            |b, seq| b.embed.has(seq),
+            |b, p| b.step_generation(p),
+            |b, w| {
+                let model = b.model;
+                b.embed.work(model, w)
+            },
+        )
     }
 
     fn close(&mut self, seq: SeqId) {

@@ -137,6 +137,46 @@ impl StepPlan<'_> {
     }
 }
 
+/// A step whose plan may hold embedding passes beside generation: the generation work shares
+/// one `generate` call, each embedding runs through `embed` apart (every token's hidden
+/// state, no logits), and the outcomes come back in the plan's order. Shared by the backends
+/// so they split and reassemble a mixed step the same way.
+pub fn step_split<'a, B: ?Sized>(
+    backend: &mut B,
+    plan: &StepPlan<'a>,
+    is_embedding: impl Fn(&B, SeqId) -> bool,
+    generate: impl FnOnce(&mut B, &StepPlan<'a>) -> Vec<SeqOutcome>,
+    mut embed: impl FnMut(&mut B, &Work<'a>) -> SeqOutcome,
+) -> Vec<SeqOutcome> {
+    if !plan.work.iter().any(|w| is_embedding(backend, w.seq())) {
+        return generate(backend, plan);
+    }
+    let generation = StepPlan {
+        work: (plan.work.iter())
+            .filter(|w| !is_embedding(backend, w.seq()))
+            .cloned()
+            .collect(),
+    };
+    let mut generated = if generation.is_empty() {
+        Vec::new()
+    } else {
+        generate(backend, &generation)
+    }
+    .into_iter();
+    plan.work
+        .iter()
+        .map(|w| {
+            if is_embedding(backend, w.seq()) {
+                embed(backend, w)
+            } else {
+                generated.next().unwrap_or_else(|| {
+                    SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
+                })
+            }
+        })
+        .collect()
+}
+
 /// The result of one work: the sampled token when the work [`samples`](Work::samples),
 /// `None` for a prompt chunk that does not end its prompt, or why it failed; with the
 /// sampled token's log-probabilities when the sequence was opened with

@@ -5,7 +5,7 @@ use super::batch::BatchToken;
 use super::forward::Model;
 use super::sampling::Sampler;
 use crate::engine::backend::seam::{
-    Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
+    step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
 };
 use crate::engine::embed::{Pooled, Pooling};
 use crate::engine::types::SamplingParams;
@@ -256,35 +256,13 @@ impl Backend for NativeBackend<'_> {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        if !plan.work.iter().any(|w| self.is_embedding(w.seq())) {
-            return self.step_generation(plan);
-        }
-        // Embedding passes run apart (every token's hidden state, no logits); the rest
-        // share one forward as usual.
-        let generation = StepPlan {
-            work: (plan.work.iter())
-                .filter(|w| !self.is_embedding(w.seq()))
-                .cloned()
-                .collect(),
-        };
-        let mut generated = if generation.is_empty() {
-            Vec::new()
-        } else {
-            self.step_generation(&generation)
-        }
-        .into_iter();
-        plan.work
-            .iter()
-            .map(|w| {
-                if self.is_embedding(w.seq()) {
-                    self.embed_work(w)
-                } else {
-                    generated.next().unwrap_or_else(|| {
-                        SeqOutcome::new(w.seq(), Err(BackendError::Step("no outcome".into())))
-                    })
-                }
-            })
-            .collect()
+        step_split(
+            self,
+            plan,
+            |b, seq| b.is_embedding(seq),
+            |b, p| b.step_generation(p),
+            |b, w| b.embed_work(w),
+        )
     }
 
     fn close(&mut self, seq: SeqId) {
