@@ -261,6 +261,30 @@ pub trait Backend {
         let _ = (src, dst, len);
         Err(BackendError::Unsupported("prefix sharing"))
     }
+
+    /// What saved prefixes depend on besides the weights: the backend, its KV cells' type
+    /// and geometry. `None`: this backend cannot save prefixes (the prompt cache's RAM and
+    /// disk tiers stay off). Part of a disk entry's key, so an entry saved under another
+    /// layout is never restored.
+    fn kv_layout(&self) -> Option<String> {
+        None
+    }
+
+    /// Saves positions `0..len` of what `seq` holds (an idle sequence, `len` no more than
+    /// it holds) for the prompt cache. Afterwards `seq` holds exactly `0..len`: whatever it
+    /// held past them is dropped (llama.cpp's state API saves all of a sequence's cells).
+    fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
+        let _ = (seq, len);
+        Err(BackendError::Unsupported("prompt cache"))
+    }
+
+    /// Replaces what `seq` holds with a prefix [`save_prefix`](Backend::save_prefix) of
+    /// this backend and layout wrote; returns the positions it now holds. On an error `seq`
+    /// holds nothing.
+    fn restore_prefix(&mut self, seq: SeqId, saved: &[u8]) -> Result<u32, BackendError> {
+        let _ = (seq, saved);
+        Err(BackendError::Unsupported("prompt cache"))
+    }
 }
 
 /// A boxed backend is a backend: [`super::open`] hands the scheduler one whatever it chose.
@@ -288,6 +312,15 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
         (**self).share_prefix(src, dst, len)
+    }
+    fn kv_layout(&self) -> Option<String> {
+        (**self).kv_layout()
+    }
+    fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
+        (**self).save_prefix(seq, len)
+    }
+    fn restore_prefix(&mut self, seq: SeqId, saved: &[u8]) -> Result<u32, BackendError> {
+        (**self).restore_prefix(seq, saved)
     }
 }
 
