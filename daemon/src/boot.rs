@@ -60,7 +60,7 @@ pub struct Passed {
     pub manifest_sha256: Option<String>,
     /// The SHA-256 of the weights being served: the pin once verified, otherwise set by the
     /// background hash after start (empty until it finishes), so `/v1/status` can report it.
-    pub observed_sha256: OnceLock<String>,
+    pub observed_sha256: Arc<OnceLock<String>>,
 }
 
 /// Verifies the weights when a manifest is configured, against the manifest that
@@ -115,38 +115,58 @@ pub fn select_backend(config: &ServeConfig, plan: &EnginePlan) -> Result<Selecti
 
 /// Computes the ledger (for `selection`'s backend) from the GGUF header and decides against
 /// the limits read under the configured `/proc` and `/sys` roots (`--proc-root`,
-/// `--sysfs-root`).
+/// `--sysfs-root`). Sizes the prompt cache's RAM tier first when it was not configured: a
+/// quarter of the headroom the rest of the ledger leaves under the tightest limit, at most
+/// [`RAM_TIER_MAX`] (none below 16 MiB).
 pub fn check_memory(
     config: &ServeConfig,
-    plan: &EnginePlan,
+    plan: &mut EnginePlan,
     selection: &Selection,
 ) -> Result<Decision, GgufError> {
     let shape = read_shape(&config.model)?;
-    Ok(Decision::new(
-        shape,
-        plan,
-        selection,
-        config.memory_margin,
-        read_limits(&config.thermal.roots, config.memory_budget),
-    ))
+    let limits = read_limits(&config.thermal.roots, config.memory_budget);
+    let decide = |plan: &EnginePlan| {
+        Decision::new(
+            shape.clone(),
+            plan,
+            selection,
+            config.memory_margin,
+            limits.clone(),
+        )
+    };
+    if config.prompt_cache_ram.is_none() && plan.prefix_cache.enabled() {
+        plan.prompt_cache.ram_bytes = 0;
+        let without = decide(plan);
+        let headroom = without.limit.as_ref().map_or(RAM_TIER_MAX, |l| {
+            l.bytes.saturating_sub(without.required_bytes) / 4
+        });
+        let ram = headroom.min(RAM_TIER_MAX) >> 20 << 20;
+        plan.prompt_cache.ram_bytes = if ram < 16 << 20 { 0 } else { ram };
+    }
+    Ok(decide(plan))
 }
+
+/// The largest RAM tier sized by default (llama-server's `--cache-ram` default).
+pub const RAM_TIER_MAX: u64 = 8 << 30;
 
 /// Both gates, in order. Logs the accounting at INFO when it fits.
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     let pinned = check_integrity(config)?;
-    let plan = EnginePlan::from_config(config)?;
+    let mut plan = EnginePlan::from_config(config)?;
     let selection = select_backend(config, &plan)?;
-    let decision = check_memory(config, &plan, &selection)?;
+    let decision = check_memory(config, &mut plan, &selection)?;
     if !decision.fits {
         return Err(BootError::Memory(Box::new(decision)));
     }
     tracing::info!("memory admission accepted: {}", decision.accounting());
     let (pinned_sha256, manifest_sha256) = pinned.unzip();
     // Verified against the file just above: the pin is what is served.
-    let observed_sha256 = pinned_sha256
-        .clone()
-        .map(OnceLock::from)
-        .unwrap_or_default();
+    let observed_sha256 = Arc::new(
+        pinned_sha256
+            .clone()
+            .map(OnceLock::from)
+            .unwrap_or_default(),
+    );
     Ok(Passed {
         plan,
         selection,

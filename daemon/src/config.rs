@@ -54,6 +54,10 @@ pub struct ServeConfig {
     /// Sequences that only retain prompt prefixes (`--prefix-slots`; `None`: the plan's
     /// default).
     pub prefix_slots: Option<usize>,
+    /// The prompt cache's RAM tier in bytes (`None`: sized at boot from the headroom).
+    pub prompt_cache_ram: Option<u64>,
+    /// The disk tier's budget in bytes (on with a state directory).
+    pub prompt_cache_disk: u64,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -166,6 +170,12 @@ impl ServeConfig {
             .memory_margin_mb
             .map(|mb| mib_to_bytes("memory_margin_mb", mb))
             .transpose()?;
+        let prompt_cache_ram = l
+            .prompt_cache_ram_mb
+            .map(|mb| mib_to_bytes("prompt_cache_ram_mb", mb))
+            .transpose()?;
+        let prompt_cache_disk =
+            mib_to_bytes("prompt_cache_disk_mb", l.prompt_cache_disk_mb.unwrap_or(1024))?;
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));
@@ -191,6 +201,8 @@ impl ServeConfig {
             kv_cells: l.kv_cells,
             prefix_cache,
             prefix_slots: l.prefix_slots,
+            prompt_cache_ram,
+            prompt_cache_disk,
             host,
             port: l.port.unwrap_or(8080),
             slots,

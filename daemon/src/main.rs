@@ -267,7 +267,7 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
-    let plan = match EnginePlan::from_config(&config) {
+    let mut plan = match EnginePlan::from_config(&config) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("{e}");
@@ -281,7 +281,7 @@ fn check(args: CheckArgs) -> ExitCode {
             return e.exit_code();
         }
     };
-    let decision = match inferloopd::boot::check_memory(&config, &plan, &selection) {
+    let decision = match inferloopd::boot::check_memory(&config, &mut plan, &selection) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!("{e}");

@@ -79,6 +79,7 @@ pub async fn run(
     if boot.pinned_sha256.is_none() {
         hash_unpinned_weights(&config, boot.clone());
     }
+    let sha = boot.observed_sha256.clone();
     let (engine_tx, engine_rx) = watch::channel(None);
     // Raised when the drain deadline passes: open streams end with an error frame at once
     // instead of waiting for the decode thread's next step.
@@ -108,7 +109,7 @@ pub async fn run(
         let config = config.clone();
         let metrics = metrics.clone();
         let gate = thermal.gate();
-        move || load_engine(&config, plan, &selection, metrics, gate)
+        move || load_engine(&config, plan, &selection, metrics, gate, sha)
     });
     let engine = tokio::select! {
         loaded = loader => match loaded {
@@ -204,6 +205,7 @@ fn load_engine(
     selection: &Selection,
     metrics: Arc<Metrics>,
     thermal: ThermalGate,
+    weights_sha256: Arc<std::sync::OnceLock<String>>,
 ) -> Result<Engine, EngineError> {
     let t0 = Instant::now();
     // The tokenizer and chat template always come from llama.cpp; the weights too, unless
@@ -225,7 +227,14 @@ fn load_engine(
     if !vocab_only {
         tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
     }
-    Engine::start(model, selection.clone(), plan, metrics, thermal)
+    Engine::start(
+        model,
+        selection.clone(),
+        plan,
+        metrics,
+        thermal,
+        weights_sha256,
+    )
 }
 
 /// Pings systemd's watchdog while the decode loop keeps turning. A decode thread stuck for

@@ -110,6 +110,16 @@ pub struct ServeLayer {
     /// counts them).
     #[arg(long)]
     pub prefix_slots: Option<usize>,
+    /// Host memory for the prompt cache's RAM tier, in MiB: prefixes that leave the KV
+    /// cells are kept there and restored on a hit. 0 disables it. Default: a quarter of the
+    /// memory left after the rest of the ledger, at most 8192 (the ledger counts it).
+    #[arg(long, value_name = "MIB")]
+    pub prompt_cache_ram_mb: Option<u64>,
+    /// Disk for the prompt cache's disk tier under `<state-dir>/prompt-cache`, in MiB:
+    /// prefixes survive restarts and updates with the same weights. 0 disables it; it is
+    /// on only with a state directory. Default 1024.
+    #[arg(long, value_name = "MIB")]
+    pub prompt_cache_disk_mb: Option<u64>,
     /// Board profile to use instead of detecting one (`inferloopd board` shows what
     /// detection picks and why).
     #[arg(long)]

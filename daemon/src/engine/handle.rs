@@ -31,19 +31,21 @@ impl Engine {
     /// `model` (its weights, or only its vocabulary when the backend maps the weights
     /// itself: [`Capabilities::own_weights`]). Returns once the backend exists, so a failure
     /// here is a start-up failure, not a request failure. `thermal` lowers the admission cap
-    /// while the board is hot and refuses new work when critical.
+    /// while the board is hot and refuses new work when critical. `weights_sha256`, once
+    /// set, keys the prompt cache's disk tier.
     pub fn start(
         model: Arc<LoadedModel>,
         selection: Selection,
         plan: EnginePlan,
         metrics: Arc<Metrics>,
         thermal: ThermalGate,
+        weights_sha256: Arc<std::sync::OnceLock<String>>,
     ) -> Result<Self, EngineError> {
         let thread_model = model.clone();
         let thread_selection = selection.clone();
         let thread_plan = plan.clone();
         let clock = Arc::new(clock::SystemClock);
-        let core = thread::spawn(plan.clone(), metrics, thermal, clock, move |runner| {
+        let core = thread::spawn(plan.clone(), metrics, thermal, clock, weights_sha256, move |runner| {
             let model = thread_model;
             match open::open(&thread_selection, &thread_plan, &model) {
                 Ok(backend) => runner.run(backend, &*model),

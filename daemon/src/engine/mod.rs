@@ -13,6 +13,8 @@
 //!   the one sampling chain, llama.cpp and the native Q8_0 backend (CPU or CUDA).
 //! - [`schedule`]: the scheduler thread: its queue and slots, the sequences, prompt reuse,
 //!   the text stream with stop strings.
+//! - [`prompt_cache`]: the prompt cache's RAM and disk tiers: prefixes saved beyond the KV
+//!   cells, found by longest prefix, restored when that beats recomputing.
 //! - [`chat`]: the chat path: the loaded model (tokenizer), chat templates, prompt rendering
 //!   and bounds, constrained-decoding grammars.
 //!
@@ -24,6 +26,7 @@ pub mod clock;
 pub mod embed;
 mod handle;
 pub mod plan;
+pub mod prompt_cache;
 pub mod schedule;
 pub mod types;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::{ConfigError, PrefixCache, ServeConfig};
+use crate::engine::prompt_cache::{DiskPlan, TiersPlan};
 use crate::metrics::text::TextWriter;
 
 /// Prompt tokens fed per step beside the running streams, and llama.cpp's widest
@@ -39,6 +40,8 @@ pub struct EnginePlan {
     /// Backend sequences beyond the slots: idle ones retain prompt prefixes, and a request
     /// may start in any idle sequence (at most `slots` run at once).
     pub prefix_slots: usize,
+    /// The prompt cache's RAM and disk tiers (both off without prompt reuse).
+    pub prompt_cache: TiersPlan,
     #[serde(skip)]
     pub queue_timeout: Duration,
     /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
@@ -60,6 +63,9 @@ pub struct PlanSpec {
     pub prefix_cache: PrefixCache,
     /// `None`: twice the slots in a shared pool (where they cost no memory), else none.
     pub prefix_slots: Option<usize>,
+    /// The tiers as configured; the RAM tier's default size is set at boot, from the
+    /// ledger's headroom.
+    pub prompt_cache: TiersPlan,
     pub queue_timeout: Duration,
     pub debug_stall_file: Option<PathBuf>,
 }
@@ -75,6 +81,7 @@ impl PlanSpec {
             threads: 1,
             prefix_cache: PrefixCache::On,
             prefix_slots: None,
+            prompt_cache: TiersPlan::default(),
             queue_timeout: Duration::from_secs(30),
             debug_stall_file: None,
         }
@@ -95,6 +102,13 @@ impl EnginePlan {
             threads: config.threads,
             prefix_cache: config.prefix_cache,
             prefix_slots: config.prefix_slots,
+            prompt_cache: TiersPlan {
+                ram_bytes: config.prompt_cache_ram.unwrap_or(0),
+                disk: config.state_dir.as_ref().map(|d| DiskPlan {
+                    dir: d.join("prompt-cache"),
+                    bytes: config.prompt_cache_disk,
+                }),
+            },
             queue_timeout: config.queue_timeout,
             debug_stall_file: config.debug_stall_file.clone(),
         })
@@ -144,6 +158,11 @@ impl EnginePlan {
             threads: spec.threads,
             prefix_cache: spec.prefix_cache,
             prefix_slots,
+            prompt_cache: if spec.prefix_cache.enabled() {
+                spec.prompt_cache
+            } else {
+                TiersPlan::default()
+            },
             queue_timeout: spec.queue_timeout,
             debug_stall_file: spec.debug_stall_file,
         })

@@ -116,7 +116,9 @@ impl Decision {
         margin_bytes: Option<u64>,
         limits: Vec<Limit>,
     ) -> Self {
-        let ledger = Ledger::new(selection.footprint(&shape, plan), margin_bytes);
+        let mut footprint = selection.footprint(&shape, plan);
+        footprint.terms.extend(prompt_cache_term(&shape, plan));
+        let ledger = Ledger::new(footprint, margin_bytes);
         let plan = SizedPlan {
             engine: plan.clone(),
             backend: selection.name(),
@@ -218,6 +220,33 @@ impl Decision {
             },
         );
     }
+}
+
+/// The prompt cache's host memory: the RAM tier's budget, plus the entries that may be in
+/// flight beside it (one being saved or read, and with a disk tier the writer's queue and
+/// the one it writes), each at most a full context of KV rows.
+pub fn prompt_cache_term(shape: &ModelShape, plan: &EnginePlan) -> Option<Term> {
+    let tiers = &plan.prompt_cache;
+    if tiers.ram_bytes == 0 && tiers.disk.is_none() {
+        return None;
+    }
+    // K and V rows of every layer (f16), and llama.cpp's per-cell position and sequence.
+    let per_row = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 2 + 16;
+    let entry = per_row * u64::from(plan.ctx);
+    let in_flight = if tiers.disk.is_some() {
+        2 + crate::engine::prompt_cache::disk::WRITE_QUEUE as u64
+    } else {
+        1
+    };
+    Some(Term {
+        name: "prompt_cache",
+        bytes: tiers.ram_bytes + in_flight * entry,
+        detail: format!(
+            "RAM tier {:.1} MiB + {in_flight} entries in flight x {:.1} MiB (a full context)",
+            tiers.ram_bytes as f64 / MIB,
+            entry as f64 / MIB
+        ),
+    })
 }
 
 /// Resident set size of this process, from `/proc/self/status`.

@@ -46,6 +46,64 @@ struct RequestLabels {
     code: u16,
 }
 
+/// Labels of the prompt cache tiers' series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    tier: &'static str,
+    reason: &'static str,
+}
+
+/// The prompt cache tiers (RAM, disk): restores, saves, drops and sizes, by tier.
+#[derive(Debug, Default)]
+pub struct PromptCacheSeries {
+    hits: Family<TierLabels, Counter>,
+    hit_tokens: Family<TierLabels, Counter>,
+    saves: Family<TierLabels, Counter>,
+    dropped: Family<DropLabels, Counter>,
+    bytes: Family<TierLabels, Gauge>,
+    entries: Family<TierLabels, Gauge>,
+}
+
+impl PromptCacheSeries {
+    /// A restore from `tier` that spared `tokens` prompt tokens their prefill.
+    pub fn hit(&self, tier: &'static str, tokens: usize) {
+        let l = TierLabels { tier };
+        self.hits.get_or_create(&l).inc();
+        self.hit_tokens.get_or_create(&l).inc_by(tokens as u64);
+    }
+
+    pub fn saved(&self, tier: &'static str) {
+        self.saves.get_or_create(&TierLabels { tier }).inc();
+    }
+
+    /// An entry left `tier`: `evicted`, `corrupt`, `mismatch`, `restore_failed`,
+    /// `write_failed`.
+    pub fn dropped(&self, tier: &'static str, reason: &'static str) {
+        self.dropped.get_or_create(&DropLabels { tier, reason }).inc();
+    }
+
+    pub fn set_size(&self, tier: &'static str, bytes: u64, entries: usize) {
+        let l = TierLabels { tier };
+        self.bytes.get_or_create(&l).set(bytes as i64);
+        self.entries.get_or_create(&l).set(entries as i64);
+    }
+
+    /// Restored tokens from `tier` so far (tests).
+    pub fn hit_tokens(&self, tier: &'static str) -> u64 {
+        self.hit_tokens.get_or_create(&TierLabels { tier }).get()
+    }
+
+    /// Entries dropped from `tier` for `reason` so far (tests).
+    pub fn dropped_count(&self, tier: &'static str, reason: &'static str) -> u64 {
+        self.dropped.get_or_create(&DropLabels { tier, reason }).get()
+    }
+}
+
 /// Renders series owned by another subsystem.
 type Source = Box<dyn Fn(&mut TextWriter<'_>) + Send + Sync>;
 
@@ -88,6 +146,7 @@ pub struct Metrics {
     pub prefix_hit_tokens_total: Counter,
     /// KV cells idle slots hold for reuse.
     pub prefix_retained_cells: Gauge,
+    pub prompt_cache: PromptCacheSeries,
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
@@ -108,6 +167,7 @@ impl Default for Metrics {
             prefix_lookup_tokens_total: Counter::default(),
             prefix_hit_tokens_total: Counter::default(),
             prefix_retained_cells: Gauge::default(),
+            prompt_cache: PromptCacheSeries::default(),
             ttft_seconds: Histogram::new(LATENCY_BUCKETS.iter().copied()),
             inter_token_seconds: Histogram::new(TOKEN_BUCKETS.iter().copied()),
             request_seconds: Histogram::new(REQUEST_BUCKETS.iter().copied()),
@@ -181,6 +241,37 @@ impl Metrics {
             "inferloop_prefix_cache_retained_cells",
             "KV cells that idle slots keep for prompt reuse",
             self.prefix_retained_cells.clone(),
+        );
+        let pc = &self.prompt_cache;
+        r.register(
+            "inferloop_prompt_cache_hits",
+            "Saved prefixes restored into a slot, by tier",
+            pc.hits.clone(),
+        );
+        r.register(
+            "inferloop_prompt_cache_hit_tokens",
+            "Prompt tokens restored from a tier instead of being recomputed (part of inferloop_prefix_cache_hit_tokens)",
+            pc.hit_tokens.clone(),
+        );
+        r.register(
+            "inferloop_prompt_cache_saves",
+            "Prefixes stored in a tier",
+            pc.saves.clone(),
+        );
+        r.register(
+            "inferloop_prompt_cache_dropped",
+            "Entries that left a tier, by reason (evicted, corrupt, mismatch, restore_failed, write_failed)",
+            pc.dropped.clone(),
+        );
+        r.register(
+            "inferloop_prompt_cache_bytes",
+            "Bytes a tier holds",
+            pc.bytes.clone(),
+        );
+        r.register(
+            "inferloop_prompt_cache_entries",
+            "Entries a tier holds",
+            pc.entries.clone(),
         );
         r.register(
             "inferloop_ttft_seconds",

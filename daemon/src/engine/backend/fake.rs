@@ -27,6 +27,8 @@ pub struct Control {
     pub fail_step: bool,
     /// `open` fails.
     pub fail_open: bool,
+    /// `restore_prefix` refuses what it is given.
+    pub fail_restore: bool,
     /// Emit [`END`] once a sequence has generated this many tokens.
     pub end_after: Option<u32>,
     /// The next step reports its start on the first and waits for the second.
@@ -45,6 +47,9 @@ pub struct Log {
     pub truncated: Vec<(SeqId, u32)>,
     /// (source, destination, positions shared).
     pub shared: Vec<(SeqId, SeqId, u32)>,
+    /// (sequence, positions) saved for the prompt cache, and restored.
+    pub saved: Vec<(SeqId, u32)>,
+    pub restored: Vec<(SeqId, u32)>,
     /// Most sequences fed in one step.
     pub widest: usize,
     /// Most prompt tokens fed in one step.
@@ -208,6 +213,31 @@ impl Backend for Fake {
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
         self.with(|c| c.log.shared.push((src, dst, len)));
         Ok(())
+    }
+
+    fn kv_layout(&self) -> Option<String> {
+        Some("fake".into())
+    }
+
+    /// The saved bytes are the position count: enough to check what comes back.
+    fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
+        self.truncate(seq, len);
+        self.with(|c| c.log.saved.push((seq, len)));
+        Ok(len.to_le_bytes().to_vec())
+    }
+
+    fn restore_prefix(&mut self, seq: SeqId, saved: &[u8]) -> Result<u32, BackendError> {
+        self.truncate(seq, 0);
+        let len = <[u8; 4]>::try_from(saved)
+            .map(u32::from_le_bytes)
+            .map_err(|_| BackendError::Sequence("not a fake save".into()))?;
+        self.with(|c| {
+            if c.fail_restore {
+                return Err(BackendError::Sequence("injected restore failure".into()));
+            }
+            c.log.restored.push((seq, len));
+            Ok(len)
+        })
     }
 }
 

@@ -33,6 +33,10 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     devices: &[Device::Cpu],
 };
 
+/// The llama-cpp-2 release the workspace pins (`=` in Cargo.toml): llama.cpp's state format
+/// may change between releases, so saved prefixes name it.
+const LLAMA_CPP_2: &str = "0.1.160";
+
 pub struct LlamaCpp<'m> {
     model: &'m LoadedModel,
     ctx: LlamaContext<'m>,
@@ -231,6 +235,61 @@ impl Backend for LlamaCpp<'_> {
         }
     }
 
+    fn kv_layout(&self) -> Option<String> {
+        let shape = self.model.llama();
+        Some(format!(
+            "llama.cpp via llama-cpp-2 {LLAMA_CPP_2}: f16 K and V, {} layers, {} embd, {} heads ({} kv), unified {}",
+            shape.n_layer(),
+            shape.n_embd(),
+            shape.n_head(),
+            shape.n_head_kv(),
+            self.shared_kv
+        ))
+    }
+
+    fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
+        // The sequence-state API saves every cell a sequence holds: cut it back first.
+        self.truncate(seq, len);
+        let flags = LlamaStateSeqFlags::empty();
+        let size = self.ctx.state_seq_get_size_ext(seq as i32, flags);
+        let mut bytes = vec![0u8; size];
+        // SAFETY: `bytes` holds the `size` bytes llama.cpp just said this sequence's state
+        // takes, and nothing changes the sequence in between (this thread owns the context).
+        let n = unsafe {
+            self.ctx
+                .state_seq_get_data_ext(bytes.as_mut_ptr(), seq as i32, flags)
+        };
+        if n != size {
+            return Err(BackendError::Sequence(format!(
+                "saving sequence {seq}: llama.cpp wrote {n} of {size} bytes"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn restore_prefix(&mut self, seq: SeqId, saved: &[u8]) -> Result<u32, BackendError> {
+        self.truncate(seq, 0);
+        // SAFETY: the prompt cache hands over only bytes `save_prefix` wrote under this
+        // `kv_layout` (a disk entry's SHA-256, key and tokens are verified first), and
+        // llama.cpp checks the layer count, types and row sizes as it reads them.
+        let ok = unsafe {
+            self.ctx
+                .state_seq_set_data_ext(saved, seq as i32, LlamaStateSeqFlags::empty())
+        };
+        if !ok {
+            self.truncate(seq, 0);
+            return Err(BackendError::Sequence(format!(
+                "llama.cpp refused a saved state of {} bytes for sequence {seq}",
+                saved.len()
+            )));
+        }
+        Ok(self
+            .ctx
+            .kv_cache_seq_pos_max(seq as i32)
+            .saturating_add(1)
+            .max(0) as u32)
+    }
+
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
         let fail = |e: &dyn std::fmt::Display| {
             BackendError::Sequence(format!("KV copy from sequence {src} to {dst}: {e}"))
@@ -346,6 +405,13 @@ mod tests {
 
     use super::*;
     use crate::engine::native::sampling::Sampler;
+
+    #[test]
+    fn the_layout_names_the_llama_cpp_2_release_the_workspace_pins() {
+        let manifest = include_str!("../../../../Cargo.toml");
+        let pin = format!("llama-cpp-2 = \"={LLAMA_CPP_2}\"");
+        assert!(manifest.contains(&pin), "workspace Cargo.toml lacks {pin}");
+    }
 
     /// No ties, so that "the highest" means one token in both implementations.
     const ROW: [f32; 8] = [0.5, 2.0, 1.0, 1.7, -1.0, 1.9, 0.25, 1.2];

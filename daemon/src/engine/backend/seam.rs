@@ -271,10 +271,11 @@ pub trait Backend {
     }
 
     /// Saves positions `0..len` of what `seq` holds (an idle sequence, `len` no more than
-    /// it holds) for the prompt cache. Afterwards `seq` holds exactly `0..len`: whatever it
-    /// held past them is dropped (llama.cpp's state API saves all of a sequence's cells).
+    /// it holds) for the prompt cache. Afterwards, on an error too, `seq` holds exactly
+    /// `0..len`: whatever it held past them is dropped (llama.cpp's state API saves all of
+    /// a sequence's cells).
     fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
-        let _ = (seq, len);
+        self.truncate(seq, len);
         Err(BackendError::Unsupported("prompt cache"))
     }
 

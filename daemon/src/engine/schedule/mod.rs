@@ -22,3 +22,5 @@ pub mod state;
 mod state_tests;
 pub mod text;
 pub mod thread;
+#[cfg(test)]
+mod tiers_tests;

@@ -149,6 +149,11 @@ impl PrefixIndex {
         common_prefix(&self.resident[slot], prompt).min(self.reusable_rows[slot])
     }
 
+    /// The reusable rows' tokens the slot holds: what a save keeps.
+    pub fn reusable_tokens(&self, slot: usize) -> &[i32] {
+        &self.resident[slot][..self.reusable_rows[slot]]
+    }
+
     /// The slot's cells were dropped.
     pub fn clear(&mut self, slot: usize) {
         self.resident[slot].clear();

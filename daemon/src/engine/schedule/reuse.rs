@@ -1,5 +1,7 @@
-//! The scheduler's prompt reuse: which prefix an admitted request takes and from where,
-//! requests waiting for a prefix another is computing, and eviction from a shared pool.
+//! The scheduler's prompt reuse: which prefix an admitted request takes and from where (a
+//! slot's resident cells, another slot's, or the prompt cache's RAM and disk tiers),
+//! requests waiting for a prefix another is computing, saving prefixes that leave the
+//! cells, and eviction from a shared pool.
 
 use super::prefix::{common_prefix, Hit, MIN_COPY, TILE_ROWS};
 use super::scheduler::Scheduler;
@@ -33,21 +35,22 @@ impl<B: Backend> Scheduler<'_, B> {
         }
     }
 
-    /// Puts the longest resident prefix of `prompt` into `slot`'s KV cells (kept in place,
-    /// or shared from another slot) and drops the rest of what the slot held. Returns the
-    /// number of prompt tokens that need no prefill.
+    /// Puts the longest reusable prefix of `prompt` into `slot`'s KV cells (kept in place,
+    /// shared from another slot, or restored from the prompt cache's tiers) and drops the
+    /// rest of what the slot held, saving it first when a tier wants it. Returns the number
+    /// of prompt tokens that need no prefill.
     fn reuse_prefix(&mut self, slot: usize, prompt: &[i32]) -> usize {
-        let chunk = self.plan.prefill_chunk as usize;
-        let hit = self
-            .prefix
-            .longest(prompt)
-            .map(|h| Hit {
-                len: self.prefix.cut(h.len, prompt.len(), chunk),
-                ..h
-            })
-            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= self.min_copy()));
+        let resident = self.resident_hit(slot, prompt).map_or(0, |h| h.len);
+        if let Some(len) = self.restore_saved(slot, prompt, resident) {
+            self.prefix.set(slot, &prompt[..len]);
+            self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
+            return len;
+        }
+        // Again: a failed restore leaves the slot empty.
+        let hit = self.resident_hit(slot, prompt);
         let len = match hit {
             Some(h) if h.slot != slot => {
+                self.save_leaving(slot, 0);
                 match self.backend.share_prefix(h.slot, slot, h.len as u32) {
                     Ok(()) => h.len,
                     Err(e) => {
@@ -59,6 +62,7 @@ impl<B: Backend> Scheduler<'_, B> {
             }
             own => {
                 let len = own.map_or(0, |h| h.len);
+                self.save_leaving(slot, len);
                 self.backend.truncate(slot, len as u32);
                 len
             }
@@ -66,6 +70,105 @@ impl<B: Backend> Scheduler<'_, B> {
         self.prefix.set(slot, &prompt[..len]);
         self.metrics.prefix_hit_tokens_total.inc_by(len as u64);
         len
+    }
+
+    /// The resident prefix `slot` may take: in place, or from another slot when it is long
+    /// enough to be worth a copy.
+    fn resident_hit(&self, slot: usize, prompt: &[i32]) -> Option<Hit> {
+        let chunk = self.plan.prefill_chunk as usize;
+        self.prefix
+            .longest(prompt)
+            .map(|h| Hit {
+                len: self.prefix.cut(h.len, prompt.len(), chunk),
+                ..h
+            })
+            .filter(|h| h.len > 0 && (h.slot == slot || h.len >= self.min_copy()))
+    }
+
+    /// Restores a saved prefix of `prompt` into `slot` when it holds more than the `resident`
+    /// tokens the slots offer and restoring it beats prefilling the difference. Returns the
+    /// tokens now reusable, or `None` (nothing restored, the slot as it was or empty).
+    fn restore_saved(&mut self, slot: usize, prompt: &[i32], resident: usize) -> Option<usize> {
+        if !self.store.enabled() || prompt.is_empty() {
+            return None;
+        }
+        let c = self.store.longest(prompt)?;
+        let len = self
+            .prefix
+            .cut(c.shared, prompt.len(), self.plan.prefill_chunk as usize);
+        let gained = len.checked_sub(resident).filter(|&g| g > 0)?;
+        if !self.store.costs.worth(c.tier, c.bytes, gained) || !self.pool_holds(slot, c.tokens) {
+            return None;
+        }
+        self.save_leaving(slot, 0);
+        let started = self.clock.now();
+        let (tokens, payload) = self.store.fetch(&c)?;
+        match self.backend.restore_prefix(slot, &payload) {
+            Ok(held) if held as usize == tokens.len() => {
+                self.backend.truncate(slot, len as u32);
+                let took = self.clock.now().saturating_duration_since(started);
+                self.store.restored(&c, len, took);
+                tracing::debug!(slot, tier = c.tier.label(), len, resident, bytes = c.bytes,
+                    us = took.as_micros() as u64, "prefix restored");
+                Some(len)
+            }
+            outcome => {
+                tracing::warn!(slot, tier = c.tier.label(), ?outcome, "saved prefix not restored; dropped");
+                self.backend.truncate(slot, 0);
+                self.prefix.clear(slot);
+                self.store.forget(&c);
+                None
+            }
+        }
+    }
+
+    /// Whether `tokens` restored into `slot` fit: always with a stream per slot; in one
+    /// shared pool, only in cells neither running requests nor other retained prefixes
+    /// hold (a restore places the whole entry before cutting it back).
+    fn pool_holds(&self, slot: usize, tokens: usize) -> bool {
+        if !self.plan.shared_kv {
+            return true;
+        }
+        let seqs = &self.seqs;
+        let retained = self.prefix.retained(|s| s != slot && seqs[s].is_none());
+        let used = self.state.kv_reserved() + retained;
+        used + tokens as u64 <= u64::from(self.plan.kv_cells)
+    }
+
+    /// Before `slot` drops what it holds past `keep` rows: saves its reusable rows into the
+    /// prompt cache's tiers when they are long enough and no tier has them yet.
+    pub(super) fn save_leaving(&mut self, slot: usize, keep: usize) {
+        let rows = self.prefix.reusable_tokens(slot);
+        if rows.len() <= keep || !self.store.wants(rows) {
+            return;
+        }
+        let tokens = rows.to_vec();
+        let saved = self.backend.save_prefix(slot, tokens.len() as u32);
+        // Either way the slot now holds exactly these rows.
+        self.prefix.set(slot, &tokens);
+        match saved {
+            Ok(bytes) => self.store.save(&tokens, bytes),
+            Err(e) => tracing::warn!(slot, error = %e, "prefix not saved"),
+        }
+    }
+
+    /// While idle: saves one idle slot's prefix that a tier lacks (the disk tier then holds
+    /// the box's prompts across a restart), else queues one RAM entry the disk lacks.
+    /// Returns whether it did either; more may wait.
+    pub(super) fn save_idle(&mut self) -> bool {
+        if !self.store.enabled() {
+            return false;
+        }
+        let seqs = &self.seqs;
+        let prefix = &self.prefix;
+        let store = &self.store;
+        let Some(slot) = (0..seqs.len()).find(|&s| {
+            seqs[s].is_none() && store.wants(prefix.reusable_tokens(s))
+        }) else {
+            return self.store.sync_idle();
+        };
+        self.save_leaving(slot, 0);
+        true
     }
 
     /// The fewest shared tokens worth taking from another slot: any in one shared pool,
@@ -151,6 +254,7 @@ impl<B: Backend> Scheduler<'_, B> {
             let Some(victim) = self.prefix.least_recent(idle) else {
                 return;
             };
+            self.save_leaving(victim, 0);
             self.backend.truncate(victim, 0);
             self.prefix.clear(victim);
             tracing::debug!(slot = victim, "retained prefix evicted");

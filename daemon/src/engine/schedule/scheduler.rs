@@ -20,12 +20,15 @@ use super::state::State;
 use crate::engine::backend::seam::{Backend, StepPlan, Vocab, Work};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;
+use crate::engine::prompt_cache::PromptStore;
 use crate::engine::types::{EngineError, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
 
 /// How long the idle loop sleeps between checks of the queue's timeouts.
 const IDLE_TICK: Duration = Duration::from_millis(50);
+/// Steps feeding at least this many prompt tokens teach the prompt cache what prefill costs.
+const PREFILL_SAMPLE: usize = 64;
 
 pub(super) struct Scheduler<'v, B> {
     pub(super) backend: B,
@@ -41,6 +44,10 @@ pub(super) struct Scheduler<'v, B> {
     pub(super) thermal_state: ThermalState,
     /// What each slot's KV cells hold, for prompt reuse.
     pub(super) prefix: PrefixIndex,
+    /// The prompt cache's RAM and disk tiers: prefixes beyond the slots' cells.
+    pub(super) store: PromptStore,
+    /// Every idle slot's prefix is in the tiers that want it (reset by each step).
+    idle_saved: bool,
     /// Every "now" the scheduler reads: queue waits, timeouts, token times, the heartbeat.
     pub(super) clock: Arc<dyn Clock>,
 }
@@ -54,6 +61,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         load: Arc<Mutex<Load>>,
         thermal: ThermalGate,
         clock: Arc<dyn Clock>,
+        store: PromptStore,
     ) -> Self {
         Self {
             state: State::new(
@@ -71,6 +79,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             thermal,
             thermal_state: ThermalState::Normal,
             prefix: PrefixIndex::new(plan.sequences(), plan.prefix_cache),
+            store,
+            idle_saved: false,
             plan,
             clock,
         }
@@ -84,8 +94,15 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         loop {
             self.debug_stall();
             if self.state.active() == 0 {
-                // Nothing to decode: wait for work, waking to expire queue timeouts.
-                match rx.recv_timeout(IDLE_TICK) {
+                // Nothing to decode: save an idle slot's prefix to the prompt cache's tiers
+                // (one per turn, so a new request waits for one save at most), else wait
+                // for work, waking to expire queue timeouts.
+                let wait = if self.save_idle_turn() {
+                    Duration::ZERO
+                } else {
+                    IDLE_TICK
+                };
+                match rx.recv_timeout(wait) {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
                             return;
@@ -123,6 +140,23 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.drop_departed();
             self.publish_load();
         }
+    }
+
+    /// One idle save, unless every idle prefix is already saved; returns whether it saved.
+    fn save_idle_turn(&mut self) -> bool {
+        if self.idle_saved || self.state.queued() > 0 {
+            return false;
+        }
+        let saved = self.save_idle();
+        self.idle_saved = !saved;
+        saved
+    }
+
+    /// At shutdown, once nothing runs: every idle prefix into the tiers, then the disk
+    /// tier's queued writes out.
+    pub(super) fn save_all_and_flush(&mut self) {
+        while self.save_idle() {}
+        self.store.flush();
     }
 
     /// Blocks while the plan's `debug_stall_file` exists (see [`EnginePlan`]).
@@ -255,7 +289,20 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             return;
         }
         let fed: Vec<(usize, usize)> = plan.work.iter().map(|w| (w.seq(), w.n_tokens())).collect();
+        let prompt_tokens: usize = plan
+            .work
+            .iter()
+            .filter(|w| matches!(w, Work::Prefill { .. }))
+            .map(Work::n_tokens)
+            .sum();
+        let started = self.clock.now();
         let outcomes = self.backend.step(&plan);
+        // What prefilling costs here, against which a restore from the tiers is weighed.
+        if prompt_tokens >= PREFILL_SAMPLE {
+            let took = self.clock.now().saturating_duration_since(started);
+            self.store.costs.observe_prefill(plan.tokens(), took);
+        }
+        self.idle_saved = false;
         drop(plan);
         if outcomes.len() != fed.len() {
             tracing::error!(

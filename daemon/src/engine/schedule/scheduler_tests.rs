@@ -14,6 +14,7 @@ use super::command::Command;
 use super::scheduler::Scheduler;
 use super::thread;
 use crate::config::PrefixCache;
+use crate::engine::prompt_cache::{PromptStore, TiersPlan};
 use crate::engine::backend::fake::{Fake, FakeVocab};
 use crate::engine::clock::{Clock, ManualClock};
 use crate::engine::plan::{EnginePlan, STEP_TOKENS};
@@ -27,11 +28,11 @@ use crate::thermal::{GateFeed, ThermalGate};
 /// Virtual time one fake step takes.
 const STEP: Duration = Duration::from_millis(1);
 /// Long enough that a request is still running when the test looks.
-const LONG: u32 = 4000;
+pub(super) const LONG: u32 = 4000;
 /// Turns after which a test that waits for something has failed (no test needs near this).
 const MAX_TURNS: usize = 20_000;
 
-fn plan(slots: usize, queue: usize) -> EnginePlan {
+pub(super) fn plan(slots: usize, queue: usize) -> EnginePlan {
     EnginePlan {
         slots,
         queue,
@@ -44,22 +45,28 @@ fn plan(slots: usize, queue: usize) -> EnginePlan {
         threads: 1,
         prefix_cache: PrefixCache::On,
         prefix_slots: 0,
+        prompt_cache: TiersPlan::default(),
         queue_timeout: Duration::from_secs(10),
         debug_stall_file: None,
     }
 }
 
 /// A scheduler with no thread around it: the test submits, turns and reads, in that order.
-struct Rig {
-    s: Scheduler<'static, Fake>,
+pub(super) struct Rig {
+    pub(super) s: Scheduler<'static, Fake>,
     clock: ManualClock,
-    fake: Fake,
+    pub(super) fake: Fake,
     feed: GateFeed,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     load: Arc<Mutex<Load>>,
 }
 
 fn rig(plan: EnginePlan) -> Rig {
+    rig_with(plan, |_| PromptStore::disabled())
+}
+
+/// A rig whose prompt cache `store` makes, given the rig's metrics.
+pub(super) fn rig_with(plan: EnginePlan, store: impl FnOnce(&Arc<Metrics>) -> PromptStore) -> Rig {
     let clock = ManualClock::new();
     let fake = Fake::new(plan.sequences(), clock.clone(), STEP);
     let (feed, gate) = ThermalGate::test_feed(0.5, 90.0);
@@ -73,6 +80,7 @@ fn rig(plan: EnginePlan) -> Rig {
         load.clone(),
         gate,
         Arc::new(clock.clone()),
+        store(&metrics),
     );
     Rig {
         s,
@@ -86,7 +94,7 @@ fn rig(plan: EnginePlan) -> Rig {
 
 impl Rig {
     /// A request received now.
-    fn request(&self, prompt: usize, max_tokens: u32) -> GenerationRequest {
+    pub(super) fn request(&self, prompt: usize, max_tokens: u32) -> GenerationRequest {
         GenerationRequest {
             prompt_tokens: vec![5; prompt],
             max_tokens,
@@ -98,7 +106,7 @@ impl Rig {
     }
 
     /// Hands a request to the scheduler as its thread would; the reply comes at once.
-    fn submit(
+    pub(super) fn submit(
         &mut self,
         request: GenerationRequest,
     ) -> Result<UnboundedReceiver<Event>, EngineError> {
@@ -113,7 +121,7 @@ impl Rig {
         Ok(rx)
     }
 
-    fn turn(&mut self) {
+    pub(super) fn turn(&mut self) {
         self.s.turn();
     }
 
@@ -122,7 +130,7 @@ impl Rig {
     }
 
     /// Turns until `rx` holds an event.
-    fn next(&mut self, rx: &mut UnboundedReceiver<Event>) -> Event {
+    pub(super) fn next(&mut self, rx: &mut UnboundedReceiver<Event>) -> Event {
         for _ in 0..MAX_TURNS {
             if let Ok(event) = rx.try_recv() {
                 return event;
@@ -133,7 +141,7 @@ impl Rig {
     }
 
     /// Reads events up to the last one; returns the text and the last event.
-    fn last(&mut self, rx: &mut UnboundedReceiver<Event>) -> (String, Event) {
+    pub(super) fn last(&mut self, rx: &mut UnboundedReceiver<Event>) -> (String, Event) {
         let mut text = String::new();
         loop {
             match self.next(rx) {
@@ -724,6 +732,7 @@ fn spawn_fake(plan: EnginePlan) -> (thread::Handle, Fake) {
         Arc::new(Metrics::default()),
         gate,
         Arc::new(clock),
+        Arc::default(),
         move |runner| runner.run(backend, &FakeVocab),
     )
     .expect("fake backend starts");

@@ -2,7 +2,7 @@
 //! through a shared cell, and the thread builds its backend itself.
 
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -12,6 +12,7 @@ use super::scheduler::Scheduler;
 use crate::engine::backend::seam::{Backend, Vocab};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;
+use crate::engine::prompt_cache::PromptStore;
 use crate::engine::types::{EngineError, Event, GenerationRequest, Load};
 use crate::metrics::Metrics;
 use crate::thermal::ThermalGate;
@@ -37,6 +38,8 @@ pub(crate) struct Runner {
     load: Arc<Mutex<Load>>,
     thermal: ThermalGate,
     clock: Arc<dyn Clock>,
+    /// The weights' SHA-256 once known: the disk tier's key.
+    weights_sha256: Arc<OnceLock<String>>,
 }
 
 impl Runner {
@@ -49,6 +52,12 @@ impl Runner {
 
     /// Serves with `backend` until shutdown.
     pub fn run<B: Backend>(self, backend: B, vocab: &dyn Vocab) {
+        let store = PromptStore::start(
+            &self.plan.prompt_cache,
+            backend.kv_layout(),
+            self.weights_sha256,
+            &self.metrics,
+        );
         let mut s = Scheduler::new(
             backend,
             vocab,
@@ -57,6 +66,7 @@ impl Runner {
             self.load,
             self.thermal,
             self.clock,
+            store,
         );
         if self.ready.send(Ok(())).is_err() {
             return;
@@ -64,6 +74,7 @@ impl Runner {
         tracing::debug!(backend = s.name(), "scheduler started");
         s.run_loop(&self.rx);
         s.cancel_all();
+        s.save_all_and_flush();
         tracing::debug!("scheduler stopped");
     }
 }
@@ -75,6 +86,7 @@ pub(crate) fn spawn(
     metrics: Arc<Metrics>,
     thermal: ThermalGate,
     clock: Arc<dyn Clock>,
+    weights_sha256: Arc<OnceLock<String>>,
     body: impl FnOnce(Runner) + Send + 'static,
 ) -> Result<Handle, EngineError> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -92,6 +104,7 @@ pub(crate) fn spawn(
         load: load.clone(),
         thermal,
         clock: clock.clone(),
+        weights_sha256,
     };
     let thread_stopped = stopped.clone();
     std::thread::Builder::new()

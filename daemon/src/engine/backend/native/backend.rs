@@ -525,6 +525,7 @@ mod tests {
             threads: 1,
             prefix_cache: crate::config::PrefixCache::On,
             prefix_slots: 0,
+            prompt_cache: Default::default(),
             queue_timeout: Duration::from_secs(10),
             debug_stall_file: None,
         };
@@ -535,6 +536,7 @@ mod tests {
             Arc::new(Metrics::default()),
             gate,
             clock,
+            Arc::default(),
             move |runner| {
                 // Leaked: the model borrows it and lives on the scheduler thread.
                 let s: &'static _ = Box::leak(Box::new(synth(Spec::llama(), 9)));
