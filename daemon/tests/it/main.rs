@@ -22,5 +22,6 @@ mod quantize;
 mod stream;
 mod structured;
 mod template;
+mod tiers;
 mod thermal;
 mod tool_forms;
