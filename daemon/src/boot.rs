@@ -115,9 +115,8 @@ pub fn select_backend(config: &ServeConfig, plan: &EnginePlan) -> Result<Selecti
 
 /// Computes the ledger (for `selection`'s backend) from the GGUF header and decides against
 /// the limits read under the configured `/proc` and `/sys` roots (`--proc-root`,
-/// `--sysfs-root`). Sizes the prompt cache's RAM tier first when it was not configured: a
-/// quarter of the headroom the rest of the ledger leaves under the tightest limit, at most
-/// [`RAM_TIER_MAX`] (none below 16 MiB).
+/// `--sysfs-root`). Sizes the prompt cache's RAM tier first when it was not configured
+/// ([`default_ram_tier`]).
 pub fn check_memory(
     config: &ServeConfig,
     plan: &mut EnginePlan,
@@ -135,19 +134,33 @@ pub fn check_memory(
         )
     };
     if config.prompt_cache_ram.is_none() && plan.prefix_cache.enabled() {
-        plan.prompt_cache.ram_bytes = 0;
-        let without = decide(plan);
-        let headroom = without.limit.as_ref().map_or(RAM_TIER_MAX, |l| {
-            l.bytes.saturating_sub(without.required_bytes) / 4
-        });
-        let ram = headroom.min(RAM_TIER_MAX) >> 20 << 20;
-        plan.prompt_cache.ram_bytes = if ram < 16 << 20 { 0 } else { ram };
+        plan.prompt_cache.ram_bytes = default_ram_tier(plan, &shape);
+        let with = decide(plan);
+        if !with.fits {
+            // Shrunk to a quarter of what the rest leaves, so that a default never refuses
+            // a box that fits without it.
+            plan.prompt_cache.ram_bytes = 0;
+            let without = decide(plan);
+            let headroom = without.limit.as_ref().map_or(0, |l| {
+                l.bytes.saturating_sub(without.required_bytes) / 4
+            });
+            let ram = headroom >> 20 << 20;
+            plan.prompt_cache.ram_bytes = if ram < 16 << 20 { 0 } else { ram };
+        }
     }
     Ok(decide(plan))
 }
 
 /// The largest RAM tier sized by default (llama-server's `--cache-ram` default).
 pub const RAM_TIER_MAX: u64 = 8 << 30;
+
+/// The RAM tier's default: room for twice the slots' prompts at full context (what the
+/// slots' KV cells hold, twice over), at most [`RAM_TIER_MAX`]. It does not follow the
+/// memory free at boot, so the same config asks for the same ledger on every start.
+pub fn default_ram_tier(plan: &EnginePlan, shape: &inferloop_gguf::ModelShape) -> u64 {
+    let entry = crate::ledger::prompt_cache_entry_bytes(shape, plan);
+    (2 * plan.slots as u64 * entry).min(RAM_TIER_MAX) >> 20 << 20
+}
 
 /// Both gates, in order. Logs the accounting at INFO when it fits.
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {

@@ -111,8 +111,9 @@ pub struct ServeLayer {
     #[arg(long)]
     pub prefix_slots: Option<usize>,
     /// Host memory for the prompt cache's RAM tier, in MiB: prefixes that leave the KV
-    /// cells are kept there and restored on a hit. 0 disables it. Default: a quarter of the
-    /// memory left after the rest of the ledger, at most 8192 (the ledger counts it).
+    /// cells are kept there and restored on a hit. 0 disables it. Default: room for twice
+    /// the slots' prompts at full context, at most 8192, shrunk to a quarter of the
+    /// headroom when that does not fit the memory limit (the ledger counts it).
     #[arg(long, value_name = "MIB")]
     pub prompt_cache_ram_mb: Option<u64>,
     /// Disk for the prompt cache's disk tier under `<state-dir>/prompt-cache`, in MiB:

@@ -230,9 +230,7 @@ pub fn prompt_cache_term(shape: &ModelShape, plan: &EnginePlan) -> Option<Term> 
     if tiers.ram_bytes == 0 && tiers.disk.is_none() {
         return None;
     }
-    // K and V rows of every layer (f16), and llama.cpp's per-cell position and sequence.
-    let per_row = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 2 + 16;
-    let entry = per_row * u64::from(plan.ctx);
+    let entry = prompt_cache_entry_bytes(shape, plan);
     let in_flight = if tiers.disk.is_some() {
         2 + crate::engine::prompt_cache::disk::WRITE_QUEUE as u64
     } else {
@@ -247,6 +245,13 @@ pub fn prompt_cache_term(shape: &ModelShape, plan: &EnginePlan) -> Option<Term> 
             entry as f64 / MIB
         ),
     })
+}
+
+/// The largest saved prefix: a full context of K and V rows of every layer (f16), and
+/// llama.cpp's per-cell position and sequence.
+pub fn prompt_cache_entry_bytes(shape: &ModelShape, plan: &EnginePlan) -> u64 {
+    let per_row = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 2 + 16;
+    per_row * u64::from(plan.ctx)
 }
 
 /// Resident set size of this process, from `/proc/self/status`.

@@ -24,11 +24,19 @@ const TERMS: &[&str] = &[
     "overhead",
     "constraint",
     "embeddings",
+    "prompt_cache",
     "margin",
 ];
 /// The native backend's ledger: its forward pass's scratch in place of llama.cpp's compute
 /// buffer.
-const NATIVE_TERMS: &[&str] = &["weights", "kv", "scratch", "overhead", "margin"];
+const NATIVE_TERMS: &[&str] = &[
+    "weights",
+    "kv",
+    "scratch",
+    "overhead",
+    "prompt_cache",
+    "margin",
+];
 
 /// The terms a `check --json` answer should have, by the backend its plan names.
 fn terms_for(d: &Value) -> &'static [&'static str] {

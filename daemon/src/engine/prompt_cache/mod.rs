@@ -269,6 +269,18 @@ impl PromptStore {
         }
     }
 
+    /// The disk tier would store `tokens` (it lacks them).
+    pub fn disk_wants(&self, tokens: &[i32]) -> bool {
+        tokens.len() >= MIN_SAVE && self.disk.as_ref().is_some_and(|d| !d.covers(tokens))
+    }
+
+    /// Stores a saved prefix on disk only (an idle slot still holds it in its cells).
+    pub fn save_disk(&mut self, tokens: &[i32], payload: Vec<u8>) {
+        if let Some(d) = &self.disk {
+            d.save(tokens.into(), Arc::new(payload));
+        }
+    }
+
     /// While idle: queues one RAM entry the disk tier lacks (its write was skipped while
     /// the writer was busy). Returns whether one was queued.
     pub fn sync_idle(&mut self) -> bool {

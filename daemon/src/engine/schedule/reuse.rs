@@ -152,9 +152,9 @@ impl<B: Backend> Scheduler<'_, B> {
         }
     }
 
-    /// While idle: saves one idle slot's prefix that a tier lacks (the disk tier then holds
-    /// the box's prompts across a restart), else queues one RAM entry the disk lacks.
-    /// Returns whether it did either; more may wait.
+    /// While idle: writes one idle slot's prefix that the disk tier lacks to disk (so the
+    /// box's prompts survive a restart; RAM keeps only what left the cells), else queues one
+    /// RAM entry the disk lacks. Returns whether it did either; more may wait.
     pub(super) fn save_idle(&mut self) -> bool {
         if !self.store.enabled() {
             return false;
@@ -163,11 +163,17 @@ impl<B: Backend> Scheduler<'_, B> {
         let prefix = &self.prefix;
         let store = &self.store;
         let Some(slot) = (0..seqs.len()).find(|&s| {
-            seqs[s].is_none() && store.wants(prefix.reusable_tokens(s))
+            seqs[s].is_none() && store.disk_wants(prefix.reusable_tokens(s))
         }) else {
             return self.store.sync_idle();
         };
-        self.save_leaving(slot, 0);
+        let tokens = self.prefix.reusable_tokens(slot).to_vec();
+        let saved = self.backend.save_prefix(slot, tokens.len() as u32);
+        self.prefix.set(slot, &tokens);
+        match saved {
+            Ok(bytes) => self.store.save_disk(&tokens, bytes),
+            Err(e) => tracing::warn!(slot, error = %e, "idle prefix not saved"),
+        }
         true
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::scheduler_tests::{plan, rig_with, Rig, LONG};
-use crate::engine::prompt_cache::{PromptStore, TiersPlan};
+use crate::engine::prompt_cache::{DiskPlan, PromptStore, Tier, TiersPlan};
 use crate::engine::types::Event;
 
 fn ram_rig(slots: usize) -> Rig {
@@ -80,12 +80,35 @@ fn a_refused_restore_is_dropped_and_the_prompt_prefilled() {
 }
 
 #[test]
-fn idle_slots_are_saved_once_between_requests() {
-    let mut r = ram_rig(2);
-    let a = prompt(1, 300);
+fn idle_slots_are_left_alone_without_a_disk_tier() {
+    let mut r = ram_rig(1);
+    run(&mut r, prompt(1, 300));
+    assert!(!r.s.save_idle(), "RAM keeps only what leaves the cells");
+    assert!(r.fake.log().saved.is_empty());
+}
+
+#[test]
+fn idle_slots_are_written_to_disk_once_between_requests() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sha = Arc::new(std::sync::OnceLock::from("ab".repeat(32)));
+    let mut r = rig_with(plan(2, 2), |metrics| {
+        let tiers = TiersPlan {
+            ram_bytes: 1 << 20,
+            disk: Some(DiskPlan {
+                dir: dir.path().to_path_buf(),
+                bytes: 1 << 20,
+            }),
+        };
+        PromptStore::start(&tiers, Some("fake".into()), sha, metrics)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !r.s.store.disk_ready() {
+        assert!(std::time::Instant::now() < deadline, "disk tier never ready");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let mut first = r.submit({
         let mut q = r.request(0, LONG);
-        q.prompt_tokens = a.clone();
+        q.prompt_tokens = prompt(1, 300);
         q
     })
     .expect("slot");
@@ -94,9 +117,10 @@ fn idle_slots_are_saved_once_between_requests() {
     drop(first);
     r.turn();
     r.turn();
-    assert!(r.s.save_idle(), "the slot went idle holding A");
-    assert!(!r.s.save_idle(), "and A is saved now");
+    assert!(r.s.save_idle(), "the slot went idle holding the prompt");
+    assert!(!r.s.save_idle(), "and the disk has it now");
     let saved = r.fake.log().saved;
     assert_eq!(saved.len(), 1, "{saved:?}");
     assert!(saved[0].1 > 300, "the prompt and its decoded rows: {saved:?}");
+    assert!(!r.s.store.longest(&prompt(1, 300)).is_some_and(|c| c.tier == Tier::Ram));
 }
