@@ -73,7 +73,7 @@ pub fn check_rows(
     host: usize,
 ) -> Result<(), NativeError> {
     let need = n.checked_mul(4 * n_layer);
-    if at.checked_add(n).map_or(true, |end| end > cells) || need != Some(host) {
+    if at.checked_add(n).is_none_or(|end| end > cells) || need != Some(host) {
         return Err(NativeError::Kv(format!(
             "{n} values at {at} of {n_layer} layers of {cells} through {host} host bytes"
         )));

@@ -68,7 +68,9 @@ fn a_restored_prefix_continues_with_the_recomputed_logits_bit_for_bit() {
         assert_eq!(saver.kv().seq_len(0), 9);
 
         let mut restorer = model(&s, 3, N_CTX);
-        restorer.forward(&toks(2, &[5; 18], 0), &[false; 18]).unwrap();
+        restorer
+            .forward(&toks(2, &[5; 18], 0), &[false; 18])
+            .unwrap();
         assert_eq!(restorer.kv_mut().restore_prefix(2, &saved), Ok(SAVED));
         assert_eq!(restorer.kv().seq_len(2), SAVED);
         assert_eq!(
@@ -79,7 +81,10 @@ fn a_restored_prefix_continues_with_the_recomputed_logits_bit_for_bit() {
         let got = logits(&mut restorer, 2, &PROMPT[SAVED..], SAVED as u32);
         assert_eq!(got, want, "{spec:?}: restored into another model");
         let again = logits(&mut saver, 1, &PROMPT[SAVED..], SAVED as u32);
-        assert_eq!(again, want, "{spec:?}: the saved sequence itself, continued");
+        assert_eq!(
+            again, want,
+            "{spec:?}: the saved sequence itself, continued"
+        );
     }
 }
 
@@ -227,7 +232,10 @@ mod gpu {
             saved.push(m.kv_mut().save_prefix(1, SAVED).unwrap());
             assert_eq!(m.kv().seq_len(1), SAVED);
         }
-        assert!(saved[0] == saved[1], "CUDA and CPU cells save the same bytes");
+        assert!(
+            saved[0] == saved[1],
+            "CUDA and CPU cells save the same bytes"
+        );
 
         // Each device restores the other's bytes over a longer sequence, and continues.
         for (name, m, bytes) in [("cuda", &mut dev, &saved[1]), ("cpu", &mut cpu, &saved[0])] {

@@ -81,7 +81,9 @@ pub fn parse(saved: &[u8], g: Geometry, n_ctx: usize) -> Result<(usize, &[u8]), 
     };
     let (version, n_layer, kv_dim, n_pos) = (field(0), field(1), field(2), field(3));
     if version != VERSION as usize {
-        return bad(format!("format version {version}, this build reads {VERSION}"));
+        return bad(format!(
+            "format version {version}, this build reads {VERSION}"
+        ));
     }
     if (n_layer, kv_dim) != (g.n_layer, g.kv_dim) {
         return bad(format!(
@@ -159,7 +161,10 @@ mod tests {
     fn the_layout_names_geometry_and_activations_not_the_device() {
         let l = layout(30, 3, 64, Activations::Q8);
         assert!(l.contains("30 layers x 3 kv heads x 64"), "{l}");
-        assert!(l.contains("f16") && l.contains("q8") && l.contains("v1"), "{l}");
+        assert!(
+            l.contains("f16") && l.contains("q8") && l.contains("v1"),
+            "{l}"
+        );
         assert_ne!(l, layout(30, 3, 64, Activations::F32));
         assert_ne!(l, layout(30, 3, 32, Activations::Q8));
     }
