@@ -13,8 +13,8 @@ use super::batch::BatchToken;
 use super::error::NativeError;
 use super::saved::{self, Geometry, HEADER_BYTES};
 
-/// A KV cache as its users see it: the geometry, the sequences' lengths, and the three
-/// things done to a sequence between passes.
+/// A KV cache as its users see it: the geometry, the sequences' lengths, and what is done
+/// to a sequence between passes.
 pub trait Kv {
     fn n_seq(&self) -> usize;
 

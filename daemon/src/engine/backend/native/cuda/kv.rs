@@ -39,9 +39,7 @@ impl DeviceKv {
             v: cache()?,
         })
     }
-}
 
-impl DeviceKv {
     /// Values per layer of K (and of V).
     fn cells(&self) -> usize {
         self.k.first().map_or(0, CudaSlice::len)
@@ -75,7 +73,8 @@ impl Cells for DeviceKv {
         self.stream.synchronize().map_err(kv_err)
     }
 
-    /// One device-to-host copy per layer for K and one for V, then one wait.
+    /// One device-to-host copy per layer for K and one for V, then one wait. The cells'
+    /// f16 bits lie in GPU memory little-endian, as the saved bytes want them.
     fn read(&mut self, at: usize, n: usize, out: &mut [u8]) -> Result<(), NativeError> {
         check_rows(at, n, self.cells(), self.k.len(), out.len())?;
         if n == 0 {
