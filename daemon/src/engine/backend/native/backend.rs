@@ -4,6 +4,7 @@
 use super::batch::BatchToken;
 use super::forward::Model;
 use super::sampling::Sampler;
+use super::saved;
 use crate::engine::backend::seam::{
     step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
 };
@@ -292,6 +293,32 @@ impl Backend for NativeBackend<'_> {
             .kv_mut()
             .copy_prefix(src, dst, len as usize)
             .map_err(|e| BackendError::Sequence(format!("KV copy from {src} to {dst}: {e}")))
+    }
+
+    /// The CPU and the CUDA pass share one layout: their cells hold the same bits.
+    fn kv_layout(&self) -> Option<String> {
+        let hp = self.model.hparams();
+        Some(saved::layout(
+            hp.n_layer,
+            hp.n_head_kv,
+            hp.head_dim,
+            self.model.activations(),
+        ))
+    }
+
+    fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
+        self.model
+            .kv_mut()
+            .save_prefix(seq, len as usize)
+            .map_err(|e| BackendError::Sequence(format!("saving sequence {seq}: {e}")))
+    }
+
+    fn restore_prefix(&mut self, seq: SeqId, saved: &[u8]) -> Result<u32, BackendError> {
+        let restored = self.model.kv_mut().restore_prefix(seq, saved);
+        // The header counts positions in a u32, so a restored length fits.
+        restored
+            .map(|n| n as u32)
+            .map_err(|e| BackendError::Sequence(format!("restoring sequence {seq}: {e}")))
     }
 }
 

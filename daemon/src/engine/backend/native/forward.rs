@@ -98,6 +98,10 @@ impl<'a> Model<'a> {
         self.pass.set_activations(activations)
     }
 
+    pub fn activations(&self) -> Activations {
+        self.pass.activations()
+    }
+
     /// Feeds `batch` and returns the logits of the tokens whose `want_logits` entry is set:
     /// one row of `n_vocab` each, in batch order.
     ///

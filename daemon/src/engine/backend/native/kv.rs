@@ -5,12 +5,16 @@
 //! Each sequence keeps a length: positions `0..len` are valid. The forward pass writes at
 //! `pos <= len` and the sequence then holds `0..=pos`; attention reads only `0..=pos`, so
 //! what lies beyond a sequence's length is never read and is not cleared.
+//!
+//! A sequence's prefix can also leave the cells as bytes and come back into any sequence
+//! ([`Kv::save_prefix`], [`Kv::restore_prefix`]; the bytes are [`super::saved`]'s).
 
 use super::batch::BatchToken;
 use super::error::NativeError;
+use super::saved::{self, Geometry, HEADER_BYTES};
 
-/// A KV cache as its users see it: the geometry, the sequences' lengths, and the three
-/// things done to a sequence between passes.
+/// A KV cache as its users see it: the geometry, the sequences' lengths, and what is done
+/// to a sequence between passes.
 pub trait Kv {
     fn n_seq(&self) -> usize;
 
@@ -32,6 +36,15 @@ pub trait Kv {
 
     /// Replaces what `dst` holds with positions `0..len` of `src`, copied in every layer.
     fn copy_prefix(&mut self, src: usize, dst: usize, len: usize) -> Result<(), NativeError>;
+
+    /// Positions `0..len` of `seq` (no more than it holds) as [`super::saved`] bytes;
+    /// afterwards `seq` holds exactly `0..len`.
+    fn save_prefix(&mut self, seq: usize, len: usize) -> Result<Vec<u8>, NativeError>;
+
+    /// Replaces what `seq` holds with the positions `saved` holds (bytes
+    /// [`save_prefix`](Kv::save_prefix) wrote for this geometry) and returns how many. On
+    /// an error, malformed bytes included, `seq` holds nothing.
+    fn restore_prefix(&mut self, seq: usize, saved: &[u8]) -> Result<usize, NativeError>;
 }
 
 /// Where a cache's cells live (host or GPU memory): `n_seq * n_ctx * kv_dim` values of K
@@ -40,6 +53,32 @@ pub trait Cells {
     /// Copies `n` values from offset `src` to offset `dst` in every layer's K and V; the two
     /// ranges are different sequences' cells and do not overlap.
     fn copy(&mut self, src: usize, dst: usize, n: usize) -> Result<(), NativeError>;
+
+    /// Copies `n` values from offset `at` of every layer's K and V into `out`: per layer,
+    /// K's then V's, as little-endian f16 bits (`out` holds `4 * n_layer * n` bytes).
+    fn read(&mut self, at: usize, n: usize, out: &mut [u8]) -> Result<(), NativeError>;
+
+    /// The other way: `src`, laid out as [`read`](Cells::read) writes it, into `n` values
+    /// from offset `at` of every layer's K and V.
+    fn write(&mut self, at: usize, n: usize, src: &[u8]) -> Result<(), NativeError>;
+}
+
+/// Refuses a [`Cells::read`] or [`Cells::write`] outside a layer of `cells` values or with
+/// a host buffer of the wrong size; used by every [`Cells`].
+pub fn check_rows(
+    at: usize,
+    n: usize,
+    cells: usize,
+    n_layer: usize,
+    host: usize,
+) -> Result<(), NativeError> {
+    let need = n.checked_mul(4 * n_layer);
+    if at.checked_add(n).is_none_or(|end| end > cells) || need != Some(host) {
+        return Err(NativeError::Kv(format!(
+            "{n} values at {at} of {n_layer} layers of {cells} through {host} host bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// The lengths and geometry of `n_seq` sequences × `n_ctx` cells, over the cells `C`.
@@ -95,6 +134,13 @@ impl<C: Cells> KvCache<C> {
         }
     }
 
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            n_layer: self.n_layer,
+            kv_dim: self.kv_dim,
+        }
+    }
+
     fn check_seq(&self, seq: usize) -> Result<(), NativeError> {
         if seq < self.n_seq {
             Ok(())
@@ -146,5 +192,31 @@ impl<C: Cells> Kv for KvCache<C> {
         }
         self.len[dst] = len;
         Ok(())
+    }
+
+    fn save_prefix(&mut self, seq: usize, len: usize) -> Result<Vec<u8>, NativeError> {
+        self.check_seq(seq)?;
+        if len > self.len[seq] {
+            return Err(NativeError::Kv(format!(
+                "cannot save {len} positions of sequence {seq}, which holds {}",
+                self.len[seq]
+            )));
+        }
+        let mut out = saved::buffer(self.geometry(), len)?;
+        let at = seq * self.n_ctx * self.kv_dim;
+        self.cells
+            .read(at, len * self.kv_dim, &mut out[HEADER_BYTES..])?;
+        self.len[seq] = len;
+        Ok(out)
+    }
+
+    fn restore_prefix(&mut self, seq: usize, saved: &[u8]) -> Result<usize, NativeError> {
+        self.check_seq(seq)?;
+        self.len[seq] = 0;
+        let (len, payload) = saved::parse(saved, self.geometry(), self.n_ctx)?;
+        let at = seq * self.n_ctx * self.kv_dim;
+        self.cells.write(at, len * self.kv_dim, payload)?;
+        self.len[seq] = len;
+        Ok(len)
     }
 }

@@ -13,6 +13,8 @@
 //! - [`kv`]: the KV cache's bookkeeping ([`Kv`], [`KvCache`]), per layer
 //!   `[n_seq][n_ctx][n_head_kv][head_dim]` f16 over a device's cells; truncate, clear,
 //!   copy a prefix between sequences.
+//! - [`saved`]: the bytes of a KV prefix saved for the prompt cache, and their
+//!   [`saved::layout`], shared by the CPU and the CUDA pass.
 //! - [`pass`]: the device seam, [`Pass`]: one micro-batch through the layers, and the KV
 //!   cache the pass owns.
 //! - [`cpu`]: [`CpuPass`], the pass on `inferloop-kernels`' CPU twins, its cells in host
@@ -36,9 +38,12 @@ pub mod hparams;
 pub mod kv;
 pub mod pass;
 pub mod sampling;
+pub mod saved;
 pub mod synth;
 pub mod weights;
 
+#[cfg(test)]
+mod save_tests;
 #[cfg(test)]
 mod tests;
 

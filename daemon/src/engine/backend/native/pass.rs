@@ -39,6 +39,12 @@ pub trait Pass: Send {
     /// Chooses what the linear layers multiply; a device refuses a mode it does not run.
     fn set_activations(&mut self, activations: Activations) -> Result<(), NativeError>;
 
+    /// What the linear layers multiply now (part of a saved prefix's layout: the modes
+    /// store different K and V bits).
+    fn activations(&self) -> Activations {
+        Activations::Q8
+    }
+
     /// The GPU the pass runs on and the GPU memory its weights and scratch take (`None` on
     /// the CPU).
     fn gpu(&self) -> Option<(&str, usize)>;

@@ -605,6 +605,14 @@ impl super::kv::Cells for NoCells {
     fn copy(&mut self, _: usize, _: usize, _: usize) -> Result<(), NativeError> {
         Ok(())
     }
+
+    fn read(&mut self, _: usize, _: usize, _: &mut [u8]) -> Result<(), NativeError> {
+        Ok(())
+    }
+
+    fn write(&mut self, _: usize, _: usize, _: &[u8]) -> Result<(), NativeError> {
+        Ok(())
+    }
 }
 
 impl Pass for FailingPass {

@@ -5,7 +5,7 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::super::error::NativeError;
-use super::super::kv::Cells;
+use super::super::kv::{check_rows, Cells};
 
 /// Per layer, `n_seq * n_ctx * kv_dim` f16 bits of K and of V.
 pub struct HostKv {
@@ -41,6 +41,11 @@ impl HostKv {
             .convert_from_f32_slice(v);
     }
 
+    /// Values per layer of K (and of V).
+    fn cells(&self) -> usize {
+        self.k.first().map_or(0, Vec::len)
+    }
+
     /// `seq`'s K and V in `layer`: `[n_ctx][n_head_kv][head_dim]` each, what the attention
     /// twin takes as one sequence.
     pub fn seq_layer(&self, layer: usize, seq: usize) -> (&[u16], &[u16]) {
@@ -60,6 +65,35 @@ impl Cells for HostKv {
                 )));
             }
             buf.copy_within(src..src + n, dst);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, at: usize, n: usize, out: &mut [u8]) -> Result<(), NativeError> {
+        check_rows(at, n, self.cells(), self.k.len(), out.len())?;
+        if n == 0 {
+            return Ok(()); // `chunks_exact` takes no empty chunks
+        }
+        let parts = self.k.iter().zip(&self.v).flat_map(|(k, v)| [k, v]);
+        for (buf, host) in parts.zip(out.chunks_exact_mut(2 * n)) {
+            for (b, &x) in host.chunks_exact_mut(2).zip(&buf[at..at + n]) {
+                b.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, at: usize, n: usize, src: &[u8]) -> Result<(), NativeError> {
+        check_rows(at, n, self.cells(), self.k.len(), src.len())?;
+        if n == 0 {
+            return Ok(()); // `chunks_exact` takes no empty chunks
+        }
+        let parts = self.k.iter_mut().zip(self.v.iter_mut());
+        let parts = parts.flat_map(|(k, v)| [k, v]);
+        for (buf, host) in parts.zip(src.chunks_exact(2 * n)) {
+            for (x, b) in buf[at..at + n].iter_mut().zip(host.chunks_exact(2)) {
+                *x = u16::from_le_bytes([b[0], b[1]]);
+            }
         }
         Ok(())
     }

@@ -264,6 +264,10 @@ impl Pass for CpuPass<'_> {
         Ok(())
     }
 
+    fn activations(&self) -> Activations {
+        self.activations
+    }
+
     fn gpu(&self) -> Option<(&str, usize)> {
         None
     }
