@@ -80,8 +80,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-requests", type=int, default=None,
                    help="requests per gen run (default 32, 8 with --quick)")
     p.add_argument("--gen-rate", type=float, default=1.0, help="mean arrivals per second")
-    p.add_argument("--gen-prompt-tokens", type=int, nargs=2, default=(100, 3000),
-                   metavar=("MIN", "MAX"), help="system prompt length range, tokens")
+    p.add_argument("--gen-prompt-tokens", type=int, nargs=2, default=None,
+                   metavar=("MIN", "MAX"),
+                   help="system prompt length range, tokens (default 100-3000, 100-1000 with --quick)")
     p.add_argument("--gen-question-tokens", type=int, nargs=2, default=(10, 200),
                    metavar=("MIN", "MAX"), help="question length range, tokens")
 
@@ -97,6 +98,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.gen_prompts = sorted({args.slots, 4 * args.slots})
     if args.gen_requests is None:
         args.gen_requests = 8 if args.quick else 32
+    if args.gen_prompt_tokens is None:
+        args.gen_prompt_tokens = (100, 1000) if args.quick else (100, 3000)
     if any(n < 1 for n in args.gen_prompts) or args.gen_requests < 1 or args.gen_rate <= 0:
         p.error("--gen-prompts, --gen-requests and --gen-rate must be positive")
     for name in ("gen_prompt_tokens", "gen_question_tokens"):
