@@ -430,7 +430,7 @@ def print_table(res: dict[str, Any]) -> None:
           "cached = prompt tokens reused / prompt tokens")
     header = ("workload", "req", "prompt", "inferloopd TTFT", "llama-server TTFT", "ratio med",
               "ratio mean", "decode tok/s il/ls", "cached il", "cached ls", "target")
-    widths = (max(12, *(len(n) for n in res["workloads"])), 4, 7, 16, 18, 10, 11, 19, 12, 12, 0)
+    widths = (12, 4, 7, 16, 18, 10, 11, 19, 12, 12, 0)
     rows = [header]
     for name, w in res["workloads"].items():
         ours, peer, cmp = w["runs"].get("inferloopd"), w["runs"].get("llama-server"), w["compare"]
@@ -442,8 +442,7 @@ def print_table(res: dict[str, Any]) -> None:
             f"{fmt((ours or {}).get('decode_tps_median'))}/{fmt((peer or {}).get('decode_tps_median'))}",
             cached_cell(ours), cached_cell(peer), target_cell(cmp),
         ))
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    prefix_metrics.print_rows(rows, widths)
     print()
 
 

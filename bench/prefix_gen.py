@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any, Callable
 
+import prefix_metrics
+
 # Tokens the chat template and a short answer need besides the system prompt and question.
 TEMPLATE_MARGIN = 64
 
@@ -224,6 +226,5 @@ def print_report(workloads: dict[str, Any], fmt: Callable[..., str], args: argpa
         if len(servers) > 1:
             rows.append([str(n), "ratio"] + [ratio_cell(runs.get((n, b)), fmt) for b in bands])
     widths = [8, 13] + [20] * len(bands)
-    for row in rows:
-        print("  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip())
+    prefix_metrics.print_rows(rows, widths)
     print()

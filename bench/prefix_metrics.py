@@ -122,6 +122,15 @@ def tiers(server: str, before: Snapshot | None, after: Snapshot | None) -> dict[
     return (ours_tiers if server == "inferloopd" else peer_tiers)(before, after)
 
 
+def print_rows(rows: list, widths: tuple[int, ...] | list[int]) -> None:
+    """A text table: each column at least its width, and as wide as its widest cell."""
+    n = max(map(len, rows))
+    cols = [max([widths[i] if i < len(widths) else 0]
+                + [len(r[i]) for r in rows if i < len(r)]) for i in range(n)]
+    for row in rows:
+        print("  ".join(c.ljust(wd) for c, wd in zip(row, cols)).rstrip())
+
+
 def pair(d: dict[str, Any] | None, fmt: Callable[..., str]) -> str:
     """ram/disk counts as "r/d"; "-" when neither exists."""
     if not d or all(d.get(t) is None for t in TIERS):
@@ -149,6 +158,5 @@ def print_report(workloads: dict[str, Any], fmt: Callable[..., str]) -> None:
     print("Prompt-cache hits by tier (from /metrics; fractions of the prompt tokens looked up; "
           "slots = resident KV; r/d = RAM/disk tier; '-' = not exported)")
     widths = (18, 13, 10, 5, 6, 5, 5, 13, 10, 12, 10, 0)
-    for row in rows:
-        print("  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip())
+    print_rows(rows, widths)
     print()

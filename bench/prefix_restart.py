@@ -215,8 +215,7 @@ def print_report(results: dict[str, dict[str, Any]], fmt: Callable[..., str]) ->
             rows.append((variant, str(i), fmt(p["prompt_tokens"], 0), fmt(p["cold_ttft_ms"], 0),
                          fmt(p["warm_ttft_ms"], 0), fmt(p["ratio"], 2), fmt(p["warm_cached_tokens"], 0)))
     widths = (16, 7, 7, 7, 7, 6, 0)
-    for row in rows:
-        print("  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip())
+    prefix_metrics.print_rows(rows, widths)
     for variant, r in results.items():
         if "error" not in r:
             print(summary_line(variant, r, fmt))
