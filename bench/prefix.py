@@ -422,7 +422,8 @@ def target_cell(cmp: dict[str, Any]) -> str:
 def print_table(res: dict[str, Any]) -> None:
     c = res["config"]
     print()
-    ctxs = "".join(f" (gen {c[k]})" for k in ("gen_ctx",) if c.get(k) and c[k] != c["ctx"])
+    has_gen = any(prefix_gen.prompt_count(w) is not None for w in res["workloads"])
+    ctxs = f" (gen runs {c['gen_ctx']})" if has_gen and c["gen_ctx"] != c["ctx"] else ""
     print(f"Prompt reuse  threads={c['threads']}  slots={c['slots']}  ctx={c['ctx']}{ctxs}  "
           f"max_tokens={c['max_tokens']}  system prompts ~{c['system_tokens']} tokens"
           f"{'  (quick)' if c['quick'] else ''}")
