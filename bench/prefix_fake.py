@@ -99,11 +99,11 @@ class Cache:
         lines = [f"inferloop_prefix_cache_lookup_tokens_total {c['lookup']}",
                  f"inferloop_prefix_cache_hit_tokens_total {c['hit']}"]
         for t in TIERS:
-            lines += [f'inferloop_prompt_cache_hit_tokens_total{{tier="{t}"}} {c["tokens_" + t]}',
-                      f'inferloop_prompt_cache_hits_total{{tier="{t}"}} {c["hits_" + t]}',
-                      f'inferloop_prompt_cache_saves_total{{tier="{t}"}} {c["saves_" + t]}',
-                      f'inferloop_prompt_cache_dropped_total{{tier="{t}",reason="corrupt"}} 0',
-                      f'inferloop_prompt_cache_entries{{tier="{t}"}} {entries[t]}',
+            # As prometheus-client does: a labelled counter appears once it has counted.
+            lines += [f'inferloop_prompt_cache_{name}{{tier="{t}"}} {c[key + t]}'
+                      for name, key in (("hit_tokens_total", "tokens_"), ("hits_total", "hits_"),
+                                        ("saves_total", "saves_")) if c[key + t]]
+            lines += [f'inferloop_prompt_cache_entries{{tier="{t}"}} {entries[t]}',
                       f'inferloop_prompt_cache_bytes{{tier="{t}"}} {entries[t] * 4096}']
         return "\n".join(lines) + "\n"
 

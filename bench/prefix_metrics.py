@@ -68,12 +68,15 @@ def scrape(base_url: str, timeout: float = 10.0) -> Snapshot | None:
 
 
 def value(snap: Snapshot | None, name: str, **labels: str) -> float | None:
-    """The sum of `name`'s samples whose labels include `labels`; None when there are none."""
+    """The sum of `name`'s samples whose labels include `labels`; None when the server does
+    not export `name`, 0 when it does but with other labels only."""
     if snap is None:
         return None
     want = set(labels.items())
-    found = [v for (n, ls), v in snap.items() if n == name and want <= set(ls)]
-    return sum(found) if found else None
+    family = [(set(ls), v) for (n, ls), v in snap.items() if n == name]
+    if not family:
+        return None
+    return sum(v for ls, v in family if want <= ls)
 
 
 def delta(before: Snapshot | None, after: Snapshot | None, name: str, **labels: str) -> float | None:
@@ -89,9 +92,17 @@ def frac(part: float | None, whole: float | None) -> float | None:
 
 def ours_tiers(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
     """inferloopd's figures for one workload: token hit rates by tier and per-tier counts."""
+    # prometheus-client exports a labelled counter only once it has counted: a daemon with
+    # the tiers (its entries gauge is always there) has counted 0 where one is missing.
+    tiered = value(after, OURS["tier_entries"]) is not None
+
+    def counted(name: str, tier: str) -> float | None:
+        d = delta(before, after, OURS[name], tier=tier)
+        return 0.0 if d is None and tiered else d
+
     lookup = delta(before, after, OURS["lookup"])
     hit = delta(before, after, OURS["hit"])
-    tier_tokens = {t: delta(before, after, OURS["tier_hit_tokens"], tier=t) for t in TIERS}
+    tier_tokens = {t: counted("tier_hit_tokens", t) for t in TIERS}
     slots = None
     if hit is not None and all(v is not None for v in tier_tokens.values()):
         slots = hit - sum(tier_tokens.values())  # type: ignore[arg-type]
@@ -101,9 +112,9 @@ def ours_tiers(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any
         "hit_rate": {"all": frac(hit, lookup), "slots": frac(slots, lookup),
                      **{t: frac(tier_tokens[t], lookup) for t in TIERS}},
         "hit_tokens_by_tier": {"slots": slots, **tier_tokens},
-        "restores": {t: delta(before, after, OURS["tier_hits"], tier=t) for t in TIERS},
-        "saves": {t: delta(before, after, OURS["tier_saves"], tier=t) for t in TIERS},
-        "dropped": {t: delta(before, after, OURS["tier_dropped"], tier=t) for t in TIERS},
+        "restores": {t: counted("tier_hits", t) for t in TIERS},
+        "saves": {t: counted("tier_saves", t) for t in TIERS},
+        "dropped": {t: counted("tier_dropped", t) for t in TIERS},
         "bytes": {t: value(after, OURS["tier_bytes"], tier=t) for t in TIERS},
         "entries": {t: value(after, OURS["tier_entries"], tier=t) for t in TIERS},
     }
