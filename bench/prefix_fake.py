@@ -162,8 +162,11 @@ def serve(argv: list[str]) -> int:
     p.add_argument("--prompt-cache-disk-mb", type=int, default=64)
     p.add_argument("--prompt-cache-ram-mb", type=int, default=64)
     args, _ = p.parse_known_args(argv)
-    disk = Path(args.state_dir) / "fake-prompt-cache" if args.state_dir and args.prompt_cache_disk_mb else None
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(Cache(args.slots, args.prompt_cache_ram_mb != 0, disk)))
+    disk = None
+    if args.state_dir and args.prompt_cache_disk_mb:
+        disk = Path(args.state_dir) / "fake-prompt-cache"
+    cache = Cache(args.slots, args.prompt_cache_ram_mb != 0, disk)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(cache))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", file=sys.stderr, flush=True)
     server.serve_forever()

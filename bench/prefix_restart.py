@@ -4,10 +4,10 @@ inferloopd only: it starts with `--state-dir` on a fresh temporary directory, ge
 application prompts (a system prompt and a question, ~600-2000 tokens each) once each, one
 after the other, recording their cold TTFT; waits --restart-wait seconds (the disk tier writes
 entries off the serving path when slots go idle; the wait runs on, up to 15 s more, until
-/metrics shows at least K disk entries, unchanged for a second); stops (SIGTERM, then waits for the exit); starts
-again on the same directory and sends each prompt again with a new question. Per prompt, the
-ratio warm-after-restart / cold TTFT; issue 34's target: median <= 0.3. The disk-tier hit
-tokens after the restart come from /metrics.
+/metrics shows at least K disk entries, unchanged for a second); stops (SIGTERM, then waits
+for the exit); starts again on the same directory and sends each prompt again with a new
+question. Per prompt, the ratio warm-after-restart / cold TTFT; issue 34's target: median
+<= 0.3. The disk-tier hit tokens after the restart come from /metrics.
 
 Two variants: `restart` (the disk tier on: on whenever a state dir is given) and
 `restart-control` (`--prompt-cache-disk-mb 0`: nothing survives, so the ratio is about 1).
