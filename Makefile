@@ -31,7 +31,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix kernels-check kernel-bench device-bundle fmt clippy clean venv
+.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix bench-prefix-restart bench-prefix-smoke kernels-check kernel-bench device-bundle fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -47,6 +47,8 @@ help:
 	@echo "  bench    TTFT and decode throughput benchmark -> bench/results/latest.json"
 	@echo "  bench-peer  the same, side by side with llama.cpp's llama-server (built from PyPI sources)"
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats, a random-workload generator) vs llama-server's prompt cache -> bench/results/prefix.json"
+	@echo "  bench-prefix-restart  inferloopd's prompts warm after a restart (disk tier on, and off as the control) -> bench/results/prefix-restart.json"
+	@echo "  bench-prefix-smoke  bench/prefix.py's bands, tier table and restart run against a stand-in daemon (seconds, no model)"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -161,6 +163,15 @@ bench-peer: $(VENV)/.installed model build
 bench-prefix: $(VENV)/.installed model build
 	scripts/build-peer.sh
 	$(VENV)/bin/python bench/prefix.py --daemon $(BIN) --model $(MODEL) --peer peer/llama-server $(BENCH_ARGS)
+
+# inferloopd only (llama-server keeps no prompt across a restart): no peer build.
+bench-prefix-restart: $(VENV)/.installed model build
+	$(VENV)/bin/python bench/prefix.py --daemon $(BIN) --model $(MODEL) --servers inferloopd \
+		--workloads restart --output bench/results/prefix-restart.json $(BENCH_ARGS)
+
+# bench/prefix.py's plumbing against a stand-in daemon (bench/prefix_fake.py): seconds, no model.
+bench-prefix-smoke:
+	python3 bench/prefix_fake.py --smoke
 
 kernels-check:
 	scripts/kernels-check.sh

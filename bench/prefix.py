@@ -19,12 +19,20 @@ against inferloopd and against llama.cpp's llama-server with its prompt cache on
   (the default, `on`, reuses every resident row as llama-server does; see
   docs/configuration.md, "Prompt reuse"): what exactness costs. No target; their
   llama-server run is the plain workload's when both ran.
-* gen: a generated workload nobody tuned for (GEN_DOC below): --gen-requests requests
+* gen: a generated workload nobody tuned for (bench/prefix_gen.py): --gen-requests requests
   arriving at random (Poisson, --gen-rate per second), each a system prompt drawn from
-  --gen-prompts distinct ones (repeatable: one workload per count, named gen-p<count>) with
-  random lengths (--gen-prompt-tokens MIN MAX, default 100-3000) and a random question
-  (--gen-question-tokens MIN MAX). Prints TTFT distributions per server, by prompt-length
-  band, and the hit rates.
+  --gen-prompts distinct ones (a list: one workload per count) with random lengths
+  (--gen-prompt-tokens MIN MAX, default 100-3000, or per --gen-band LO-HI: one workload per
+  band and count, named gen-p<count>@LO-HI) and a random question (--gen-question-tokens MIN
+  MAX). Their --ctx is raised to fit the longest band. Prints a table of TTFT median/p90/max
+  with a row per count and server and a column per band.
+* restart (not in the default set; bench/prefix_restart.py): inferloopd only, K application
+  prompts cold, a restart on the same --state-dir, the same prompts warm: the ratio warm / cold
+  TTFT, with the disk tier (`restart`) and without it (`restart-control`).
+
+Per workload, the prompt-cache hit rates by tier (resident slots, RAM, disk) come from the
+servers' /metrics before and after it (bench/prefix_metrics.py; "-" where a series is not
+exported).
 
 Every (workload, server) pair runs on a freshly started server, so caches start cold, and the
 servers run one after the other, never at the same time. Per pair, client side: TTFT (request
@@ -34,9 +42,10 @@ reports as reused (`usage.prompt_tokens_details.cached_tokens`, else `timings.ca
 The table compares TTFT and checks the targets (TARGETS below).
 
 Usage:
-  bench/prefix.py [--workloads shared apps chat nonce gen] [--quick] [--output PATH]
-                  [--servers inferloopd llama-server] [--gen-prompts 4 8 16]
-                  [--gen-requests N] [--gen-rate PER_S] [--gen-prompt-tokens MIN MAX]
+  bench/prefix.py [--workloads shared apps chat nonce gen restart] [--quick] [--output PATH]
+                  [--servers inferloopd llama-server] [--gen-prompts 1 4 8 16]
+                  [--gen-band 100-500 500-1500 1500-3000] [--gen-requests N]
+                  [--gen-rate PER_S] [--gen-prompt-tokens MIN MAX] [--restart-prompts K]
                   [--daemon PATH] [--peer PATH] [--model PATH]
                   [--daemon-arg FLAG ...] [--peer-arg FLAG ...]
   make bench-prefix BENCH_ARGS="--quick --workloads shared"
@@ -66,8 +75,12 @@ from bench import (  # noqa: E402
     REPO, BenchError, Daemon, fmt, free_port, get_json, git_commit, stream_messages,
 )
 import prefix_gen  # noqa: E402
+import prefix_metrics  # noqa: E402
+import prefix_restart  # noqa: E402
 
-WORKLOADS = ("shared", "apps", "chat", "nonce", "shared-exact", "chat-exact", "gen")
+DEFAULT_WORKLOADS = ("shared", "apps", "chat", "nonce", "shared-exact", "chat-exact", "gen")
+# `restart` runs both prefix_restart.VARIANTS; not a default: it needs the disk tier's flags.
+WORKLOADS = DEFAULT_WORKLOADS + ("restart",)
 # inferloopd flags a workload adds to the server's own.
 WORKLOAD_DAEMON_ARGS = {"shared-exact": ["--prefix-cache", "exact"],
                         "chat-exact": ["--prefix-cache", "exact"]}
@@ -206,9 +219,8 @@ def chat_clients(cfg: argparse.Namespace) -> list[Client]:
 
 
 def workload_clients(name: str, cfg: argparse.Namespace) -> list[Client]:
-    n_prompts = prefix_gen.prompt_count(name)
-    if n_prompts is not None:
-        return prefix_gen.clients(cfg, n_prompts, system_prompt, CHARS_PER_TOKEN)
+    if prefix_gen.prompt_count(name) is not None:
+        return prefix_gen.clients(cfg, name, system_prompt, CHARS_PER_TOKEN)
     return {
         "shared": lambda: shared_clients(cfg),
         "apps": lambda: apps_clients(cfg),
@@ -281,10 +293,20 @@ def run_clients(base_url: str, model_id: str, clients: list[Client], max_tokens:
 # --- servers -------------------------------------------------------------------------------
 
 
+def workload_ctx(workload: str, args: argparse.Namespace) -> int:
+    """--ctx of a workload's servers: raised for long gen bands and the restart prompts."""
+    if prefix_gen.prompt_count(workload) is not None:
+        return args.gen_ctx
+    if workload in prefix_restart.VARIANTS:
+        return args.restart_ctx
+    return args.ctx
+
+
 def daemon_argv(args: argparse.Namespace, workload: str) -> tuple[list[str], str | None, str]:
     """inferloopd on port 0 (its `listening on` line gives the address)."""
+    ctx = workload_ctx(workload, args)
     argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
-            "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
+            "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(ctx),
             "--prefix-slots", str(args.prefix_slots)]
     return argv + WORKLOAD_DAEMON_ARGS.get(workload, []) + args.daemon_arg, None, "/readyz"
 
@@ -294,9 +316,11 @@ def peer_argv(args: argparse.Namespace, workload: str) -> tuple[list[str], str |
     port = free_port()
     argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.slots),
-            "-c", str(args.slots * args.ctx), "--no-webui",
+            "-c", str(args.slots * workload_ctx(workload, args)), "--no-webui",
             # Like inferloopd: the built-in chat template, so both see the same prompt tokens.
-            "--no-jinja"]
+            "--no-jinja",
+            # Its reused prompt tokens as counters, for the hit-rate table.
+            "--metrics"]
     return argv + args.peer_arg, f"http://127.0.0.1:{port}", "/health"
 
 
@@ -312,16 +336,18 @@ def run_on_server(server: str, workload: str, args: argparse.Namespace, log_dir:
         # First-request costs (page faults in the weights) are not steady state. A short user
         # message only: it shares no more than the chat template's first tokens.
         ask(base_url, model_id, [{"role": "user", "content": "Hi"}], 4)
+        before = prefix_metrics.scrape(base_url)
         t0 = time.perf_counter()
         requests = run_clients(base_url, model_id, workload_clients(workload, args), args.max_tokens)
         wall = time.perf_counter() - t0
+        tiers = prefix_metrics.tiers(server, before, prefix_metrics.scrape(base_url))
     finally:
         rc = proc.stop()
     if rc != 0:
         print(f"prefix: warning: {server} exited with status {rc} (log: {proc.log_path})", file=sys.stderr)
     extra = {"gen": prefix_gen.summarize(requests)} if prefix_gen.prompt_count(workload) else {}
     return {"argv": argv, "model_id": model_id, "wall_s": wall, **summarize(requests), **extra,
-            "requests": requests}
+            "tiers": tiers, "requests": requests}
 
 
 # --- statistics and output -----------------------------------------------------------------
@@ -396,7 +422,9 @@ def target_cell(cmp: dict[str, Any]) -> str:
 def print_table(res: dict[str, Any]) -> None:
     c = res["config"]
     print()
-    print(f"Prompt reuse  threads={c['threads']}  slots={c['slots']}  ctx={c['ctx']}  "
+    has_gen = any(prefix_gen.prompt_count(w) is not None for w in res["workloads"])
+    ctxs = f" (gen runs {c['gen_ctx']})" if has_gen and c["gen_ctx"] != c["ctx"] else ""
+    print(f"Prompt reuse  threads={c['threads']}  slots={c['slots']}  ctx={c['ctx']}{ctxs}  "
           f"max_tokens={c['max_tokens']}  system prompts ~{c['system_tokens']} tokens"
           f"{'  (quick)' if c['quick'] else ''}")
     print("TTFT in ms, median/mean/p95; ratio = inferloopd / llama-server; "
@@ -415,8 +443,7 @@ def print_table(res: dict[str, Any]) -> None:
             f"{fmt((ours or {}).get('decode_tps_median'))}/{fmt((peer or {}).get('decode_tps_median'))}",
             cached_cell(ours), cached_cell(peer), target_cell(cmp),
         ))
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    prefix_metrics.print_rows(rows, widths)
     print()
 
 
@@ -432,8 +459,9 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="NAME",
-                   help=f"subset of {', '.join(WORKLOADS)} (space or comma separated)")
+    p.add_argument("--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), metavar="NAME",
+                   help=f"subset of {', '.join(WORKLOADS)} (space or comma separated; "
+                        f"default: all but restart)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload: a smoke run")
     p.add_argument("--output", default=str(REPO / "bench/results/prefix.json"))
     p.add_argument("--daemon", default=str(REPO / "target/release/inferloopd"), help="inferloopd binary")
@@ -456,6 +484,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS,
                    help="which servers to run (a functional check of one needs no other)")
     prefix_gen.add_args(p)
+    prefix_restart.add_args(p)
     args = p.parse_args(argv)
     if args.prefix_slots is None:
         args.prefix_slots = 2 * args.slots
@@ -466,10 +495,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("threads", "slots", "ctx", "max_tokens", "system_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if "gen" in args.workloads:
-        prefix_gen.check_args(p, args)
-        at = args.workloads.index("gen")
-        args.workloads[at:at + 1] = [prefix_gen.workload_name(n) for n in args.gen_prompts]
+    prefix_gen.check_args(p, args)
+    prefix_restart.check_args(p, args)
+    for name, expansion in (("gen", prefix_gen.expand(args)), ("restart", list(prefix_restart.VARIANTS))):
+        if name in args.workloads:
+            at = args.workloads.index(name)
+            args.workloads[at:at + 1] = expansion
     return args
 
 
@@ -491,26 +522,23 @@ def warn_prompt_size(workload: str, run: dict[str, Any], target: int) -> None:
               file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    output = Path(args.output)
-    try:
-        check_files(args)
-    except BenchError as e:
-        print(f"prefix: error: {e}", file=sys.stderr)
-        return 1
+def run_workloads(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, Any], bool]:
+    """Every workload but the restart ones, on each server in turn; returns them and whether
+    a run failed."""
     workloads: dict[str, Any] = {}
     failed = False
     for workload in args.workloads:
+        if workload in prefix_restart.VARIANTS:
+            continue
         runs: dict[str, dict] = {}
         for server in args.servers:
             same = workloads.get(SAME_PEER_RUN.get(workload, ""), {}).get("runs", {}).get(server)
             if server == "llama-server" and same:
                 # The same requests to the same server: run once.
-                runs[server] = same
+                runs[server] = {**same, "reused_from": SAME_PEER_RUN[workload]}
                 continue
             try:
-                runs[server] = run_on_server(server, workload, args, output.parent)
+                runs[server] = run_on_server(server, workload, args, log_dir)
             except BenchError as e:
                 print(f"prefix: error: {workload} on {server}: {e}", file=sys.stderr)
                 runs[server] = {"error": str(e)}
@@ -522,28 +550,59 @@ def main(argv: list[str] | None = None) -> int:
             if server == "inferloopd":
                 warn_prompt_size(workload, r, args.system_tokens)
         workloads[workload] = {"runs": runs, "compare": compare(workload, runs, args.slots)}
+    return workloads, failed
 
+
+def run_restarts(args: argparse.Namespace, log_dir: Path) -> tuple[dict[str, Any], bool]:
+    variants = [w for w in args.workloads if w in prefix_restart.VARIANTS]
+    if variants and "inferloopd" not in args.servers:
+        print("prefix: restart runs on inferloopd only; skipped", file=sys.stderr)
+        return {}, False
+    return prefix_restart.run_all(variants, lambda v: daemon_argv(args, v)[0], args, log_dir,
+                                  system_prompt, ask)
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    return {"threads": args.threads, "slots": args.slots, "ctx": args.ctx,
+            "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
+            "seed": args.seed, "quick": args.quick, "temperature": 0,
+            "model": args.model, "prefix_slots": args.prefix_slots,
+            "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg,
+            "servers": args.servers, "gen_ctx": args.gen_ctx, "restart_ctx": args.restart_ctx,
+            "gen": {k: getattr(args, f"gen_{k}", None) for k in
+                    ("prompts", "band", "requests", "rate", "prompt_tokens", "question_tokens")},
+            "restart": {k: getattr(args, f"restart_{k}", None) for k in
+                        ("prompts", "prompt_tokens", "wait", "disk_mb", "ram_mb")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    output = Path(args.output)
+    try:
+        check_files(args)
+    except BenchError as e:
+        print(f"prefix: error: {e}", file=sys.stderr)
+        return 1
+    workloads, failed = run_workloads(args, output.parent)
+    restarts, restart_failed = run_restarts(args, output.parent)
     result = {
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
         "host": {"platform": platform.platform(), "machine": platform.machine(),
                  "cpus": os.cpu_count(), "python": platform.python_version()},
-        "config": {"threads": args.threads, "slots": args.slots, "ctx": args.ctx,
-                   "max_tokens": args.max_tokens, "system_tokens": args.system_tokens,
-                   "seed": args.seed, "quick": args.quick, "temperature": 0,
-                   "model": args.model, "prefix_slots": args.prefix_slots,
-                   "daemon_arg": args.daemon_arg, "peer_arg": args.peer_arg,
-                   "servers": args.servers,
-                   "gen": {k: getattr(args, f"gen_{k}", None) for k in
-                           ("prompts", "requests", "rate", "prompt_tokens", "question_tokens")}},
+        "config": config(args),
         "targets": {w: workload_target(w, args.slots) for w in workloads},
         "workloads": workloads,
+        "restart": restarts,
     }
-    print_table(result)
-    prefix_gen.print_report(workloads, fmt)
+    if workloads:
+        print_table(result)
+    prefix_gen.print_report(workloads, fmt, args)
+    prefix_metrics.print_report(workloads, fmt)
+    prefix_restart.print_report(restarts, fmt)
     write_json(output, result)
     print(f"wrote {output}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or restart_failed else 0
 
 
 if __name__ == "__main__":
