@@ -192,5 +192,32 @@ fn prefix_cache_status(
         "hit_tokens": hit,
         "hit_rate": if lookup > 0 { hit as f64 / lookup as f64 } else { 0.0 },
         "retained_cells": metrics.prefix_retained_cells.get(),
+        "tiers": tiers_status(&plan.prompt_cache, &metrics.prompt_cache),
     })
+}
+
+/// The prompt cache's RAM and disk tiers: budgets, what they hold, what they restored.
+fn tiers_status(
+    plan: &crate::engine::prompt_cache::TiersPlan,
+    series: &crate::metrics::PromptCacheSeries,
+) -> serde_json::Value {
+    let (bytes, entries, hit_tokens) = series.tier("ram");
+    let ram = json!({
+        "budget_bytes": plan.ram_bytes,
+        "bytes": bytes,
+        "entries": entries,
+        "hit_tokens": hit_tokens,
+    });
+    let disk = plan.disk.as_ref().map(|d| {
+        let (bytes, entries, hit_tokens) = series.tier("disk");
+        json!({
+            "dir": d.dir,
+            "budget_bytes": d.bytes,
+            "ready": series.disk_ready(),
+            "bytes": bytes,
+            "entries": entries,
+            "hit_tokens": hit_tokens,
+        })
+    });
+    json!({"ram": ram, "disk": disk})
 }

@@ -67,9 +67,23 @@ pub struct PromptCacheSeries {
     dropped: Family<DropLabels, Counter>,
     bytes: Family<TierLabels, Gauge>,
     entries: Family<TierLabels, Gauge>,
+    /// The disk tier has indexed its directory (it waits for the weights' SHA-256).
+    disk_ready: std::sync::atomic::AtomicBool,
 }
 
 impl PromptCacheSeries {
+    /// Exports `tier`'s counters at zero before anything is counted, so that a scrape
+    /// tells an idle tier from an absent one.
+    pub fn announce(&self, tier: &'static str) {
+        let l = TierLabels { tier };
+        // The series exist once created; the guards are dropped at once.
+        drop(self.hits.get_or_create(&l));
+        drop(self.hit_tokens.get_or_create(&l));
+        drop(self.saves.get_or_create(&l));
+        drop(self.bytes.get_or_create(&l));
+        drop(self.entries.get_or_create(&l));
+    }
+
     /// A restore from `tier` that spared `tokens` prompt tokens their prefill.
     pub fn hit(&self, tier: &'static str, tokens: usize) {
         let l = TierLabels { tier };
@@ -91,6 +105,25 @@ impl PromptCacheSeries {
         let l = TierLabels { tier };
         self.bytes.get_or_create(&l).set(bytes as i64);
         self.entries.get_or_create(&l).set(entries as i64);
+    }
+
+    pub fn set_disk_ready(&self) {
+        self.disk_ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn disk_ready(&self) -> bool {
+        self.disk_ready.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `tier`'s bytes, entries and restored tokens, for `/v1/status`.
+    pub fn tier(&self, tier: &'static str) -> (i64, i64, u64) {
+        let l = TierLabels { tier };
+        (
+            self.bytes.get_or_create(&l).get(),
+            self.entries.get_or_create(&l).get(),
+            self.hit_tokens.get_or_create(&l).get(),
+        )
     }
 
     /// Restored tokens from `tier` so far (tests).

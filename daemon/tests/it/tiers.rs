@@ -95,8 +95,8 @@ async fn start_on(state: &Path) -> Daemon {
         state,
     ]);
     // The disk tier is keyed by the weights' SHA-256, hashed in the background here.
-    d.wait_metrics(SETTLE, "the disk tier indexed its directory", |m| {
-        m.contains(DISK_ENTRIES)
+    d.wait_status(SETTLE, "the disk tier indexed its directory", |s| {
+        s["prefix_cache"]["tiers"]["disk"]["ready"] == true
     })
     .await;
     d

@@ -282,6 +282,7 @@ fn writer_loop(
         index.key = Some(key.clone());
         evict(dir, &mut index, metrics);
         metrics.set_size(index.bytes, index.entries.len());
+        metrics.set_ready();
         tracing::info!(
             dir = %dir.display(),
             entries = index.entries.len(),

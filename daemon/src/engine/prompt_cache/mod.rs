@@ -81,6 +81,10 @@ impl TierMetrics {
         self.metrics.prompt_cache.hit(self.tier.label(), tokens);
     }
 
+    pub fn set_ready(&self) {
+        self.metrics.prompt_cache.set_disk_ready();
+    }
+
     pub fn set_size(&self, bytes: u64, entries: usize) {
         self.metrics
             .prompt_cache
@@ -158,7 +162,10 @@ impl PromptStore {
             })
             .ok()
         });
-        ram_metrics.set_size(0, 0);
+        metrics.prompt_cache.announce(Tier::Ram.label());
+        if disk.is_some() {
+            metrics.prompt_cache.announce(Tier::Disk.label());
+        }
         Self {
             ram: RamTier::new(plan.ram_bytes),
             disk,
