@@ -141,9 +141,10 @@ pub fn check_memory(
             // a box that fits without it.
             plan.prompt_cache.ram_bytes = 0;
             let without = decide(plan);
-            let headroom = without.limit.as_ref().map_or(0, |l| {
-                l.bytes.saturating_sub(without.required_bytes) / 4
-            });
+            let headroom = without
+                .limit
+                .as_ref()
+                .map_or(0, |l| l.bytes.saturating_sub(without.required_bytes) / 4);
             let ram = headroom >> 20 << 20;
             plan.prompt_cache.ram_bytes = if ram < 16 << 20 { 0 } else { ram };
         }

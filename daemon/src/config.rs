@@ -174,8 +174,10 @@ impl ServeConfig {
             .prompt_cache_ram_mb
             .map(|mb| mib_to_bytes("prompt_cache_ram_mb", mb))
             .transpose()?;
-        let prompt_cache_disk =
-            mib_to_bytes("prompt_cache_disk_mb", l.prompt_cache_disk_mb.unwrap_or(1024))?;
+        let prompt_cache_disk = mib_to_bytes(
+            "prompt_cache_disk_mb",
+            l.prompt_cache_disk_mb.unwrap_or(1024),
+        )?;
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));

@@ -50,6 +50,8 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "kv_cells",
     "prefix_cache",
     "prefix_slots",
+    "prompt_cache_ram_mb",
+    "prompt_cache_disk_mb",
     "chat_template",
     "board",
     "sysfs_root",

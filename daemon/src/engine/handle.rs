@@ -45,13 +45,20 @@ impl Engine {
         let thread_selection = selection.clone();
         let thread_plan = plan.clone();
         let clock = Arc::new(clock::SystemClock);
-        let core = thread::spawn(plan.clone(), metrics, thermal, clock, weights_sha256, move |runner| {
-            let model = thread_model;
-            match open::open(&thread_selection, &thread_plan, &model) {
-                Ok(backend) => runner.run(backend, &*model),
-                Err(e) => runner.fail(e),
-            };
-        })?;
+        let core = thread::spawn(
+            plan.clone(),
+            metrics,
+            thermal,
+            clock,
+            weights_sha256,
+            move |runner| {
+                let model = thread_model;
+                match open::open(&thread_selection, &thread_plan, &model) {
+                    Ok(backend) => runner.run(backend, &*model),
+                    Err(e) => runner.fail(e),
+                };
+            },
+        )?;
         Ok(Self {
             core,
             model,

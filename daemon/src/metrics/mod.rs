@@ -98,7 +98,9 @@ impl PromptCacheSeries {
     /// An entry left `tier`: `evicted`, `corrupt`, `mismatch`, `restore_failed`,
     /// `write_failed`.
     pub fn dropped(&self, tier: &'static str, reason: &'static str) {
-        self.dropped.get_or_create(&DropLabels { tier, reason }).inc();
+        self.dropped
+            .get_or_create(&DropLabels { tier, reason })
+            .inc();
     }
 
     pub fn set_size(&self, tier: &'static str, bytes: u64, entries: usize) {
@@ -133,7 +135,9 @@ impl PromptCacheSeries {
 
     /// Entries dropped from `tier` for `reason` so far (tests).
     pub fn dropped_count(&self, tier: &'static str, reason: &'static str) -> u64 {
-        self.dropped.get_or_create(&DropLabels { tier, reason }).get()
+        self.dropped
+            .get_or_create(&DropLabels { tier, reason })
+            .get()
     }
 }
 

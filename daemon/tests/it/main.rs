@@ -22,6 +22,6 @@ mod quantize;
 mod stream;
 mod structured;
 mod template;
-mod tiers;
 mod thermal;
+mod tiers;
 mod tool_forms;

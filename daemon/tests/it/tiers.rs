@@ -13,7 +13,11 @@ use crate::harness::{text_of, Daemon, SETTLE};
 fn app(n: usize) -> String {
     let mut s = format!("You are the help desk of appliance model {n}. ");
     for i in 0..25 {
-        s.push_str(&format!("Rule {}: answer about part {} in one sentence. ", i + 1, n * 31 + i));
+        s.push_str(&format!(
+            "Rule {}: answer about part {} in one sentence. ",
+            i + 1,
+            n * 31 + i
+        ));
     }
     s
 }
@@ -151,7 +155,10 @@ async fn a_restarted_box_finds_its_prompt_on_disk_and_a_corrupt_entry_is_dropped
     assert_eq!(cached, 0, "a corrupt entry is never restored");
     let m = d.metrics().await;
     assert!(
-        series(&m, "inferloop_prompt_cache_dropped_total{tier=\"disk\",reason=\"corrupt\"}") >= 1.0,
+        series(
+            &m,
+            "inferloop_prompt_cache_dropped_total{tier=\"disk\",reason=\"corrupt\"}"
+        ) >= 1.0,
         "{m}"
     );
     assert_eq!(

@@ -100,7 +100,10 @@ mod tests {
         for _ in 0..20 {
             gpu.observe_restore(Tier::Disk, 600 * row, Duration::from_millis(40));
         }
-        assert!(!gpu.worth(Tier::Disk, 600 * row, 600), "the disk learnt slow");
+        assert!(
+            !gpu.worth(Tier::Disk, 600 * row, 600),
+            "the disk learnt slow"
+        );
         assert!(gpu.worth(Tier::Ram, 600 * row, 600), "tiers learn apart");
     }
 }

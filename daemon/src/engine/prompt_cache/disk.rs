@@ -291,7 +291,15 @@ fn writer_loop(
         );
     }
     while let Ok(job) = rx.recv() {
-        write(dir, index, metrics, &key, &job.name, &job.tokens, &job.payload);
+        write(
+            dir,
+            index,
+            metrics,
+            &key,
+            &job.name,
+            &job.tokens,
+            &job.payload,
+        );
     }
 }
 

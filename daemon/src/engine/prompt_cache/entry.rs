@@ -122,7 +122,9 @@ pub fn read_head(bytes: &[u8], file_len: u64) -> Result<(Header, Vec<i32>), Entr
     let tokens_end = head + 4 * header.n_tokens as usize;
     let want = tokens_end as u64 + header.payload_bytes + CHECKSUM as u64;
     if file_len != want {
-        return Err(EntryError::Truncated("file length does not match its header"));
+        return Err(EntryError::Truncated(
+            "file length does not match its header",
+        ));
     }
     let tokens = bytes
         .get(head..tokens_end)
@@ -205,7 +207,9 @@ mod tests {
         }
         assert_eq!(
             read_head(&bytes[..bytes.len() - 1], bytes.len() as u64 - 1),
-            Err(EntryError::Truncated("file length does not match its header"))
+            Err(EntryError::Truncated(
+                "file length does not match its header"
+            ))
         );
         assert_eq!(
             verify(&bytes[..10], &key(), &[1, 2]),
@@ -224,6 +228,9 @@ mod tests {
         assert_eq!(verify(&bytes, &key(), &[1, 3]), Err(EntryError::Mismatch));
         assert_ne!(file_name(&key(), &[1, 2]), file_name(&other, &[1, 2]));
         assert_ne!(file_name(&key(), &[1, 2]), file_name(&key(), &[1, 2, 3]));
-        assert_eq!(head_len(b"NOTOURS!\x01\0\0\0\0\0\0\0"), Err(EntryError::Foreign));
+        assert_eq!(
+            head_len(b"NOTOURS!\x01\0\0\0\0\0\0\0"),
+            Err(EntryError::Foreign)
+        );
     }
 }

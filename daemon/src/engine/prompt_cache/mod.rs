@@ -191,17 +191,15 @@ impl PromptStore {
                 tokens,
                 bytes,
             });
-        let disk = self
-            .disk
-            .as_ref()
-            .and_then(|d| d.longest(prompt))
-            .map(|(name, shared, tokens, bytes)| Candidate {
+        let disk = self.disk.as_ref().and_then(|d| d.longest(prompt)).map(
+            |(name, shared, tokens, bytes)| Candidate {
                 tier: Tier::Disk,
                 at: Found::Disk(name),
                 shared,
                 tokens,
                 bytes,
-            });
+            },
+        );
         match (ram, disk) {
             (Some(r), Some(d)) if d.shared > r.shared => Some(d),
             (Some(r), _) => Some(r),

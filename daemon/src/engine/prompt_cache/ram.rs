@@ -106,8 +106,7 @@ impl RamTier {
         });
         let mut evicted = 0;
         while self.bytes + cost > self.budget {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used)
-            else {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) else {
                 break;
             };
             let e = self.entries.swap_remove(oldest);

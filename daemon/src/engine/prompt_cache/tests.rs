@@ -128,7 +128,10 @@ fn the_byte_budget_evicts_the_least_recently_used_and_a_longer_prefix_replaces_a
     assert_eq!(metrics.prompt_cache.dropped_count("disk", "evicted"), 1);
     // Entry 1 extended: the longer one replaces it.
     t.save(tokens(1, 12), Arc::new(vec![0; 100]));
-    wait(|| t.longest(&tokens(1, 12)).map(|h| h.1) == Some(12), "written");
+    wait(
+        || t.longest(&tokens(1, 12)).map(|h| h.1) == Some(12),
+        "written",
+    );
     assert_eq!(files(&t), 2, "the shorter entry went");
 }
 
@@ -147,7 +150,10 @@ fn the_disk_tier_waits_for_the_weights_hash() {
     .expect("starts");
     std::thread::sleep(Duration::from_millis(150));
     assert!(!t.ready());
-    assert!(t.covers(&tokens(1, 100)), "nothing is saved before the key is known");
+    assert!(
+        t.covers(&tokens(1, 100)),
+        "nothing is saved before the key is known"
+    );
     pending.set(SHA.into()).expect("set once");
     wait(|| t.ready(), "ready once hashed");
 }

@@ -108,12 +108,24 @@ impl<B: Backend> Scheduler<'_, B> {
                 self.backend.truncate(slot, len as u32);
                 let took = self.clock.now().saturating_duration_since(started);
                 self.store.restored(&c, len, took);
-                tracing::debug!(slot, tier = c.tier.label(), len, resident, bytes = c.bytes,
-                    us = took.as_micros() as u64, "prefix restored");
+                tracing::debug!(
+                    slot,
+                    tier = c.tier.label(),
+                    len,
+                    resident,
+                    bytes = c.bytes,
+                    us = took.as_micros() as u64,
+                    "prefix restored"
+                );
                 Some(len)
             }
             outcome => {
-                tracing::warn!(slot, tier = c.tier.label(), ?outcome, "saved prefix not restored; dropped");
+                tracing::warn!(
+                    slot,
+                    tier = c.tier.label(),
+                    ?outcome,
+                    "saved prefix not restored; dropped"
+                );
                 self.backend.truncate(slot, 0);
                 self.prefix.clear(slot);
                 self.store.forget(&c);
@@ -162,9 +174,9 @@ impl<B: Backend> Scheduler<'_, B> {
         let seqs = &self.seqs;
         let prefix = &self.prefix;
         let store = &self.store;
-        let Some(slot) = (0..seqs.len()).find(|&s| {
-            seqs[s].is_none() && store.disk_wants(prefix.reusable_tokens(s))
-        }) else {
+        let Some(slot) = (0..seqs.len())
+            .find(|&s| seqs[s].is_none() && store.disk_wants(prefix.reusable_tokens(s)))
+        else {
             return self.store.sync_idle();
         };
         let tokens = self.prefix.reusable_tokens(slot).to_vec();

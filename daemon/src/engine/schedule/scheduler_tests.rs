@@ -14,10 +14,10 @@ use super::command::Command;
 use super::scheduler::Scheduler;
 use super::thread;
 use crate::config::PrefixCache;
-use crate::engine::prompt_cache::{PromptStore, TiersPlan};
 use crate::engine::backend::fake::{Fake, FakeVocab};
 use crate::engine::clock::{Clock, ManualClock};
 use crate::engine::plan::{EnginePlan, STEP_TOKENS};
+use crate::engine::prompt_cache::{PromptStore, TiersPlan};
 use crate::engine::types::{
     EngineError, Event, FinishReason, GenerationRequest, Load, SamplingParams,
 };

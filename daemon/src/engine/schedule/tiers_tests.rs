@@ -72,7 +72,12 @@ fn a_refused_restore_is_dropped_and_the_prompt_prefilled() {
     run(&mut r, prompt(2, 200));
     r.fake.with(|c| c.fail_restore = true);
     assert_eq!(run(&mut r, a.clone()), 0, "prefilled after the refusal");
-    assert_eq!(r.metrics.prompt_cache.dropped_count("ram", "restore_failed"), 1);
+    assert_eq!(
+        r.metrics
+            .prompt_cache
+            .dropped_count("ram", "restore_failed"),
+        1
+    );
     r.fake.with(|c| c.fail_restore = false);
     // The refused entry is gone, and A's new run is resident in the slot anyway.
     assert_eq!(run(&mut r, a), 299);
@@ -103,15 +108,19 @@ fn idle_slots_are_written_to_disk_once_between_requests() {
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !r.s.store.disk_ready() {
-        assert!(std::time::Instant::now() < deadline, "disk tier never ready");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "disk tier never ready"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let mut first = r.submit({
-        let mut q = r.request(0, LONG);
-        q.prompt_tokens = prompt(1, 300);
-        q
-    })
-    .expect("slot");
+    let mut first = r
+        .submit({
+            let mut q = r.request(0, LONG);
+            q.prompt_tokens = prompt(1, 300);
+            q
+        })
+        .expect("slot");
     while !matches!(r.next(&mut first), Event::Text { .. }) {}
     assert!(!r.s.save_idle(), "a running slot is never saved");
     drop(first);
@@ -121,6 +130,13 @@ fn idle_slots_are_written_to_disk_once_between_requests() {
     assert!(!r.s.save_idle(), "and the disk has it now");
     let saved = r.fake.log().saved;
     assert_eq!(saved.len(), 1, "{saved:?}");
-    assert!(saved[0].1 > 300, "the prompt and its decoded rows: {saved:?}");
-    assert!(!r.s.store.longest(&prompt(1, 300)).is_some_and(|c| c.tier == Tier::Ram));
+    assert!(
+        saved[0].1 > 300,
+        "the prompt and its decoded rows: {saved:?}"
+    );
+    assert!(!r
+        .s
+        .store
+        .longest(&prompt(1, 300))
+        .is_some_and(|c| c.tier == Tier::Ram));
 }
