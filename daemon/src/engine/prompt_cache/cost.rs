@@ -19,19 +19,10 @@ const PRIOR_NS_PER_BYTE: [f64; 2] = [0.5, 2.0];
 /// A restore's cost beyond its bytes (a file opened, llama.cpp's state parsed).
 const FIXED_NS: [f64; 2] = [200_000.0, 1_000_000.0];
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Costs {
     prefill_ns_per_token: Option<f64>,
     restore_ns_per_byte: [Option<f64>; 2],
-}
-
-impl Default for Costs {
-    fn default() -> Self {
-        Self {
-            prefill_ns_per_token: None,
-            restore_ns_per_byte: [None; 2],
-        }
-    }
 }
 
 fn blend(old: Option<f64>, new: f64) -> f64 {

@@ -23,6 +23,9 @@ use cost::Costs;
 use disk::DiskTier;
 use ram::RamTier;
 
+/// A saved prefix: its tokens and the backend's bytes.
+pub type Saved = (Arc<[i32]>, Arc<Vec<u8>>);
+
 /// Fewer saved tokens than this are not worth an entry.
 pub const MIN_SAVE: usize = 64;
 
@@ -209,7 +212,7 @@ impl PromptStore {
 
     /// A candidate's tokens and payload; a disk entry is verified and kept in RAM too.
     /// `None` when a disk entry turned out bad (dropped and counted).
-    pub fn fetch(&mut self, c: &Candidate) -> Option<(Arc<[i32]>, Arc<Vec<u8>>)> {
+    pub fn fetch(&mut self, c: &Candidate) -> Option<Saved> {
         match &c.at {
             Found::Ram(i) => self.ram.take(*i),
             Found::Disk(name) => {

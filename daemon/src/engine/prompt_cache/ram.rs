@@ -55,6 +55,10 @@ impl RamTier {
         self.entries.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// The entry sharing the longest prefix with `prompt`: (index, shared tokens, its
     /// tokens, payload bytes).
     pub fn longest(&self, prompt: &[i32]) -> Option<(usize, usize, usize, u64)> {
@@ -82,7 +86,7 @@ impl RamTier {
     }
 
     /// Takes entry `i` for a restore: its tokens and payload, marked as just used.
-    pub fn take(&mut self, i: usize) -> Option<(Arc<[i32]>, Arc<Vec<u8>>)> {
+    pub fn take(&mut self, i: usize) -> Option<super::Saved> {
         self.tick += 1;
         let e = self.entries.get_mut(i)?;
         e.used = self.tick;

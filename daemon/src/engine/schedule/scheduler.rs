@@ -61,7 +61,6 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         load: Arc<Mutex<Load>>,
         thermal: ThermalGate,
         clock: Arc<dyn Clock>,
-        store: PromptStore,
     ) -> Self {
         Self {
             state: State::new(
@@ -79,11 +78,17 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             thermal,
             thermal_state: ThermalState::Normal,
             prefix: PrefixIndex::new(plan.sequences(), plan.prefix_cache),
-            store,
+            store: PromptStore::disabled(),
             idle_saved: false,
             plan,
             clock,
         }
+    }
+
+    /// With the prompt cache's tiers.
+    pub(super) fn with_store(mut self, store: PromptStore) -> Self {
+        self.store = store;
+        self
     }
 
     pub(super) fn name(&self) -> &'static str {

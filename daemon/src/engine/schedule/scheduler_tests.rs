@@ -80,8 +80,8 @@ pub(super) fn rig_with(plan: EnginePlan, store: impl FnOnce(&Arc<Metrics>) -> Pr
         load.clone(),
         gate,
         Arc::new(clock.clone()),
-        store(&metrics),
-    );
+    )
+    .with_store(store(&metrics));
     Rig {
         s,
         clock,

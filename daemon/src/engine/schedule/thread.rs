@@ -66,8 +66,8 @@ impl Runner {
             self.load,
             self.thermal,
             self.clock,
-            store,
-        );
+        )
+        .with_store(store);
         if self.ready.send(Ok(())).is_err() {
             return;
         }
