@@ -25,7 +25,9 @@ command -v cmake >/dev/null 2>&1 || die "cmake not found (scripts/install-deps.s
 mkdir -p "$DIR"
 if [[ ! -d "$SRC" ]]; then
     log "downloading the llama-cpp-python $VERSION sdist from PyPI"
-    python3 -m pip download --quiet --no-deps --no-binary :all: \
+    # --no-binary for this package only: with :all: pip also builds the sdist's build
+    # dependencies (ninja, cmake) from source to read its metadata, which takes many minutes.
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==$VERSION" -d "$DIR"
     tar -xzf "$DIR/llama_cpp_python-$VERSION.tar.gz" -C "$DIR"
 fi
