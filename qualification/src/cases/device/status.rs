@@ -4,10 +4,10 @@ use super::*;
 
 pub(super) fn register(r: &mut Registry) {
     // ---- /v1/status ----
-    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared}, memory{fits,required_bytes,terms}, integrity", |c, ev| {
+    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared}, memory{fits,required_bytes,terms}, integrity, prefix_cache{mode,hit_rate,tiers{ram{budget_bytes,bytes,entries,hit_tokens},disk: null or with ready}}", |c, ev| {
         let s = c.target.status()?;
         ev.put("status", s.clone());
-        let checks: [TypeCheck; 19] = [
+        let checks: [TypeCheck; 25] = [
             ("/version", Value::is_string),
             ("/ready", Value::is_boolean),
             ("/uptime_s", Value::is_number),
@@ -27,12 +27,24 @@ pub(super) fn register(r: &mut Registry) {
             ("/memory/fits", Value::is_boolean),
             ("/memory/required_bytes", Value::is_u64),
             ("/integrity", Value::is_object),
+            ("/prefix_cache/mode", Value::is_string),
+            ("/prefix_cache/hit_rate", Value::is_number),
+            ("/prefix_cache/tiers/ram/budget_bytes", Value::is_u64),
+            ("/prefix_cache/tiers/ram/bytes", Value::is_u64),
+            ("/prefix_cache/tiers/ram/entries", Value::is_u64),
+            ("/prefix_cache/tiers/ram/hit_tokens", Value::is_u64),
         ];
         for (path, ok) in checks {
             let v = s.pointer(path).cloned().unwrap_or(Value::Null);
             ensure!(ok(&v), format!("{path} of the right type"), v.to_string());
         }
         ensure!(s["memory"]["terms"].is_array(), "/memory/terms array", s["memory"].to_string());
+        let disk = &s["prefix_cache"]["tiers"]["disk"];
+        ensure!(
+            disk.is_null() || (disk["ready"].is_boolean() && disk["budget_bytes"].is_u64()),
+            "/prefix_cache/tiers/disk null, or with ready and budget_bytes",
+            disk.to_string()
+        );
         Ok("schema holds".into())
     });
     r.add(G, "device.status.thermal_schema", "/v1/status carries the thermal state and thresholds", "thermal{state ∈ normal|hot|critical, hot_celsius < critical_celsius, hysteresis_celsius ≥ 0, hot_fraction ∈ (0,1], snapshot}", |c, ev| {
