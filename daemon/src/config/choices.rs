@@ -219,4 +219,3 @@ impl TryFrom<String> for KvTypes {
         s.parse()
     }
 }
-

@@ -712,7 +712,10 @@ fn kv_type_comes_from_a_flag_the_environment_or_the_file_for_k_and_v() {
     );
     for bad in ["q5_1", "q8_0,", "f16,q8_0,q4_0", ""] {
         let err = parse(&["--kv-type", bad]).expect_err(bad).to_string();
-        assert!(err.contains("expected `f16`, `q8_0` or `q4_0`"), "{bad}: {err}");
+        assert!(
+            err.contains("expected `f16`, `q8_0` or `q4_0`"),
+            "{bad}: {err}"
+        );
     }
     let cfg = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
     assert_eq!(cfg.kv_type, KvTypes::F16, "the default");
@@ -731,8 +734,8 @@ fn kv_type_comes_from_a_flag_the_environment_or_the_file_for_k_and_v() {
         kv_type: Some(q8),
         ..ServeLayer::default()
     };
-    let cfg = ServeConfig::resolve(None, flags, env(&[("INFERLOOP_KV_TYPE", "q4_0")]))
-        .expect("valid");
+    let cfg =
+        ServeConfig::resolve(None, flags, env(&[("INFERLOOP_KV_TYPE", "q4_0")])).expect("valid");
     assert_eq!(cfg.kv_type, q8, "the flag beats the environment");
     assert_eq!(EnginePlan::from_config(&cfg).expect("plan").kv_type, q8);
     let err = ServeLayer::from_env(|k| (k == "INFERLOOP_KV_TYPE").then(|| "q8".into()))
@@ -747,7 +750,10 @@ fn kv_types_print_as_the_flag_takes_them() {
         let t: KvTypes = text.parse().expect(text);
         assert_eq!(t.to_string(), text);
     }
-    assert_eq!("q8_0,q8_0".parse::<KvTypes>().expect("same").to_string(), "q8_0");
+    assert_eq!(
+        "q8_0,q8_0".parse::<KvTypes>().expect("same").to_string(),
+        "q8_0"
+    );
     assert_eq!(KvType::Q8_0.row_bytes(192), 204);
     assert_eq!(KvType::Q4_0.row_bytes(192), 108);
     assert_eq!(KvType::F16.row_bytes(192), 384);

@@ -120,7 +120,9 @@ async fn q8_0_kv_serves_reuses_prefixes_and_its_ledger_and_rss_follow_the_smalle
     );
     // Everything the run touched is within the ledger's expected peak.
     for (name, s, peak) in [("q8_0", &status, peak_q8), ("f16", &f16, peak_f16)] {
-        let expected = s["memory"]["expected_peak_bytes"].as_u64().expect("expected") as f64;
+        let expected = s["memory"]["expected_peak_bytes"]
+            .as_u64()
+            .expect("expected") as f64;
         assert!(
             peak <= expected / MIB,
             "{name}: peak {peak:.1} MiB over the expected {:.1}",
@@ -132,7 +134,14 @@ async fn q8_0_kv_serves_reuses_prefixes_and_its_ledger_and_rss_follow_the_smalle
 #[test]
 fn the_native_backend_refuses_a_quantized_kv_type_with_exit_2_before_binding() {
     let (status, log) = Daemon::run_to_exit(
-        &["--backend", "native", "--device", "cpu", "--kv-type", "q8_0"],
+        &[
+            "--backend",
+            "native",
+            "--device",
+            "cpu",
+            "--kv-type",
+            "q8_0",
+        ],
         Duration::from_secs(30),
     );
     assert_eq!(status.code(), Some(2), "{log}");
@@ -210,8 +219,14 @@ async fn disk_entries_of_an_f16_run_are_never_restored_into_a_q8_0_run() {
     // Its own q8_0 entry comes back after a restart, and gives the same text.
     let d = start_on(state.path(), "q8_0").await;
     let (again, cached) = ask(&d).await;
-    assert!(cached > 64, "quantized rows restored from disk: {cached} cached");
-    assert_eq!(again, first, "exact mode: restored q8_0 rows give the same text");
+    assert!(
+        cached > 64,
+        "quantized rows restored from disk: {cached} cached"
+    );
+    assert_eq!(
+        again, first,
+        "exact mode: restored q8_0 rows give the same text"
+    );
     let m = d.metrics().await;
     assert_eq!(
         series(&m, "inferloop_prompt_cache_hit_tokens_total{tier=\"disk\"}"),

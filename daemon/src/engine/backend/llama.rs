@@ -58,7 +58,11 @@ pub struct LlamaCpp<'m> {
 /// What a saved prefix's bytes depend on: llama.cpp's release, the KV element types (a
 /// q8_0 row is not an f16 row), the model's layers, width and heads, and whether the
 /// sequences share one pool. The prompt cache restores an entry only under the same string.
-fn kv_layout([n_layer, n_embd, n_head, n_head_kv]: [u32; 4], types: KvTypes, shared: bool) -> String {
+fn kv_layout(
+    [n_layer, n_embd, n_head, n_head_kv]: [u32; 4],
+    types: KvTypes,
+    shared: bool,
+) -> String {
     format!(
         "llama.cpp via llama-cpp-2 {LLAMA_CPP_2}: {} K and {} V, {n_layer} layers, {n_embd} embd, {n_head} heads ({n_head_kv} kv), unified {shared}",
         types.k, types.v
@@ -76,9 +80,7 @@ pub fn with_kv_types(params: LlamaContextParams, types: KvTypes) -> LlamaContext
         KvType::Q8_0 => KvCacheType::Q8_0,
         KvType::Q4_0 => KvCacheType::Q4_0,
     };
-    let params = params
-        .with_type_k(ggml(types.k))
-        .with_type_v(ggml(types.v));
+    let params = params.with_type_k(ggml(types.k)).with_type_v(ggml(types.v));
     if types.v.is_quantized() {
         params.with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED)
     } else {

@@ -302,7 +302,11 @@ fn native_refuses_a_quantized_kv_type_as_a_usage_error_and_llama_cpp_takes_it() 
         k: KvType::Q8_0,
         v: KvType::F16,
     };
-    for kv_type in [KvTypes::both(KvType::Q8_0), KvTypes::both(KvType::Q4_0), q8_v_f16] {
+    for kv_type in [
+        KvTypes::both(KvType::Q8_0),
+        KvTypes::both(KvType::Q4_0),
+        q8_v_f16,
+    ] {
         let err = native.check_plan(&plan(kv_type)).unwrap_err();
         assert_eq!(
             err,
