@@ -233,3 +233,41 @@ async fn disk_entries_of_an_f16_run_are_never_restored_into_a_q8_0_run() {
         cached as f64
     );
 }
+
+#[test]
+fn golden_compares_q8_0_kv_with_f16_kv_on_weights_the_native_pass_cannot_read() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "Explain in two sentences why the sky is blue.\nList three uses of copper.\n",
+    )
+    .expect("write prompts");
+    let model = crate::harness::find_model().unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferloopd"))
+        .args(["golden", "--model"])
+        .arg(&model)
+        .arg("--prompts")
+        .arg(&prompts)
+        .args(["--kv-type", "q8_0", "--continue", "8", "--threads", "1", "--json"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run inferloopd golden");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}:\n{stderr}", out.status);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(
+        report["candidate"],
+        "llama.cpp with q8_0 KV (reference: f16 KV)"
+    );
+    let positions = report["positions"].as_u64().expect("positions");
+    assert!(positions > 40, "{report}");
+    // On all of bench/golden-prompts.txt q8_0's mean KL is 4.2e-3 and its top-1
+    // agreement 96.8% (docs/benchmarks.md); two prompts stay well inside ten times that.
+    let mean_kl = report["mean_kl"].as_f64().expect("mean_kl");
+    assert!(mean_kl > 0.0 && mean_kl < 0.04, "{report}");
+    assert!(
+        report["top1_agreement"].as_f64().expect("top1") >= 0.85,
+        "{report}"
+    );
+}
