@@ -19,7 +19,7 @@ mod layer;
 mod tests;
 mod thermal;
 
-pub use choices::{BackendChoice, DeviceChoice, PrefixCache};
+pub use choices::{BackendChoice, DeviceChoice, KvType, KvTypes, PrefixCache};
 pub use error::ConfigError;
 pub use layer::ServeLayer;
 pub use thermal::{ThermalSettings, DEFAULT_THERMAL_INTERVAL_MS};
@@ -49,6 +49,8 @@ pub struct ServeConfig {
     /// KV cells for all slots together (`--kv-cells`; `None`: slots x ctx). The engine plan
     /// derives and bounds it.
     pub kv_cells: Option<u32>,
+    /// KV cache element types (`--kv-type`), K and V.
+    pub kv_type: KvTypes,
     /// Prompt reuse across requests (`--prefix-cache`).
     pub prefix_cache: PrefixCache,
     /// Sequences that only retain prompt prefixes (`--prefix-slots`; `None`: the plan's
@@ -201,6 +203,7 @@ impl ServeConfig {
             memory_budget,
             memory_margin,
             kv_cells: l.kv_cells,
+            kv_type: l.kv_type.unwrap_or_default(),
             prefix_cache,
             prefix_slots: l.prefix_slots,
             prompt_cache_ram,

@@ -87,6 +87,10 @@ struct GoldenArgs {
     /// Threads for llama.cpp and the native matmuls (default: one per CPU).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+    /// Compare llama.cpp with its KV cache in these types (`q8_0`, `q4_0`, or `K,V`) against
+    /// llama.cpp with f16 KV, instead of the native pass against llama.cpp (any weights).
+    #[arg(long, value_name = "f16|q8_0|q4_0[,V]")]
+    kv_type: Option<inferloopd::config::KvTypes>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -358,6 +362,7 @@ fn golden(args: GoldenArgs) -> ExitCode {
         },
         noise_floor: args.noise_floor,
         device: args.device,
+        kv_type: args.kv_type,
     };
     let report = match golden::run(&request) {
         Ok(r) => r,

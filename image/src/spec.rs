@@ -48,6 +48,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "memory_budget_mb",
     "memory_margin_mb",
     "kv_cells",
+    "kv_type",
     "prefix_cache",
     "prefix_slots",
     "prompt_cache_ram_mb",

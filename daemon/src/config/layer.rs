@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::choices::{BackendChoice, DeviceChoice, PrefixCache};
+use super::choices::{BackendChoice, DeviceChoice, KvTypes, PrefixCache};
 
 /// One layer of settings; every field optional so layers can be merged.
 /// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
@@ -95,6 +95,12 @@ pub struct ServeLayer {
     /// requests then also wait for free cells.
     #[arg(long)]
     pub kv_cells: Option<u32>,
+    /// KV cache element types: `f16` (default), `q8_0` or `q4_0` for K and V alike, or
+    /// `K,V` for each (e.g. `q8_0,f16`). q8_0 takes 53% of f16's bytes, q4_0 28%. A
+    /// quantized V needs llama.cpp's flash attention, which the daemon then turns on; the
+    /// native backend keeps f16 only and refuses the others (exit 2).
+    #[arg(long, value_name = "f16|q8_0|q4_0[,V]")]
+    pub kv_type: Option<KvTypes>,
     /// Reuse the KV cells of a prompt prefix already computed for another request
     /// (`on`, `exact` or `off`; default on). `on` reuses every resident row, decoded ones
     /// included, as llama-server does; temperature-0 output may differ from `off`. `exact`

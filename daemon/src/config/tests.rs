@@ -688,3 +688,73 @@ fn a_cors_origin_with_a_path_or_no_scheme_is_refused() {
         }
     }
 }
+
+#[test]
+fn kv_type_comes_from_a_flag_the_environment_or_the_file_for_k_and_v() {
+    let parse = |args: &[&str]| {
+        let cli = <ServeLayer as clap::Args>::augment_args(clap::Command::new("t"))
+            .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()));
+        cli.map(|m| {
+            <ServeLayer as clap::FromArgMatches>::from_arg_matches(&m)
+                .expect("layer")
+                .kv_type
+        })
+    };
+    let q8 = KvTypes::both(KvType::Q8_0);
+    let q8_f16 = KvTypes {
+        k: KvType::Q8_0,
+        v: KvType::F16,
+    };
+    assert_eq!(parse(&["--kv-type", "q8_0"]).expect("parses"), Some(q8));
+    assert_eq!(
+        parse(&["--kv-type", "Q8_0,f16"]).expect("parses"),
+        Some(q8_f16)
+    );
+    for bad in ["q5_1", "q8_0,", "f16,q8_0,q4_0", ""] {
+        let err = parse(&["--kv-type", bad]).expect_err(bad).to_string();
+        assert!(
+            err.contains("expected `f16`, `q8_0` or `q4_0`"),
+            "{bad}: {err}"
+        );
+    }
+    let cfg = ServeConfig::resolve(None, ServeLayer::default(), env(&[])).expect("valid");
+    assert_eq!(cfg.kv_type, KvTypes::F16, "the default");
+    let from_file = file("kv_type = \"q4_0\"\n");
+    let cfg = ServeConfig::resolve(Some(from_file.clone()), ServeLayer::default(), env(&[]))
+        .expect("valid");
+    assert_eq!(cfg.kv_type, KvTypes::both(KvType::Q4_0));
+    let cfg = ServeConfig::resolve(
+        Some(from_file),
+        ServeLayer::default(),
+        env(&[("INFERLOOP_KV_TYPE", "q8_0,f16")]),
+    )
+    .expect("valid");
+    assert_eq!(cfg.kv_type, q8_f16, "the environment beats the file");
+    let flags = ServeLayer {
+        kv_type: Some(q8),
+        ..ServeLayer::default()
+    };
+    let cfg =
+        ServeConfig::resolve(None, flags, env(&[("INFERLOOP_KV_TYPE", "q4_0")])).expect("valid");
+    assert_eq!(cfg.kv_type, q8, "the flag beats the environment");
+    assert_eq!(EnginePlan::from_config(&cfg).expect("plan").kv_type, q8);
+    let err = ServeLayer::from_env(|k| (k == "INFERLOOP_KV_TYPE").then(|| "q8".into()))
+        .expect_err("not a type");
+    assert!(err.to_string().contains("INFERLOOP_KV_TYPE"), "{err}");
+    assert!(toml::from_str::<ServeLayer>("kv_type = \"int8\"\n").is_err());
+}
+
+#[test]
+fn kv_types_print_as_the_flag_takes_them() {
+    for text in ["f16", "q8_0", "q4_0", "q8_0,f16", "f16,q4_0"] {
+        let t: KvTypes = text.parse().expect(text);
+        assert_eq!(t.to_string(), text);
+    }
+    assert_eq!(
+        "q8_0,q8_0".parse::<KvTypes>().expect("same").to_string(),
+        "q8_0"
+    );
+    assert_eq!(KvType::Q8_0.row_bytes(192), 204);
+    assert_eq!(KvType::Q4_0.row_bytes(192), 108);
+    assert_eq!(KvType::F16.row_bytes(192), 384);
+}

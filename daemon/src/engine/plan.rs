@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ConfigError, PrefixCache, ServeConfig};
+use crate::config::{ConfigError, KvTypes, PrefixCache, ServeConfig};
 use crate::engine::prompt_cache::{DiskPlan, TiersPlan};
 use crate::metrics::text::TextWriter;
 
@@ -28,6 +28,8 @@ pub struct EnginePlan {
     /// Below `slots × ctx` cells the slots share one pool (llama.cpp's unified KV) and a
     /// request is admitted only when its cells are free; otherwise each slot owns `ctx`.
     pub shared_kv: bool,
+    /// The KV cells' element types, K and V (`--kv-type`).
+    pub kv_type: KvTypes,
     /// Most prompt tokens fed in one step.
     pub prefill_chunk: u32,
     /// Most tokens in one step: a prefill chunk plus one decode token per slot.
@@ -59,6 +61,7 @@ pub struct PlanSpec {
     pub ctx: u32,
     /// `None`: `slots × ctx`, a stream per slot.
     pub kv_cells: Option<u32>,
+    pub kv_type: KvTypes,
     pub threads: i32,
     pub prefix_cache: PrefixCache,
     /// `None`: twice the slots in a shared pool (where they cost no memory), else none.
@@ -78,6 +81,7 @@ impl PlanSpec {
             queue: 16,
             ctx,
             kv_cells: None,
+            kv_type: KvTypes::F16,
             threads: 1,
             prefix_cache: PrefixCache::On,
             prefix_slots: None,
@@ -99,6 +103,7 @@ impl EnginePlan {
             queue: config.queue,
             ctx: config.ctx,
             kv_cells: config.kv_cells,
+            kv_type: config.kv_type,
             threads: config.threads,
             prefix_cache: config.prefix_cache,
             prefix_slots: config.prefix_slots,
@@ -152,6 +157,7 @@ impl EnginePlan {
             ctx: spec.ctx,
             kv_cells,
             shared_kv,
+            kv_type: spec.kv_type,
             prefill_chunk: STEP_TOKENS,
             n_batch,
             n_ubatch: n_batch.min(STEP_TOKENS),

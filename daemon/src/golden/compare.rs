@@ -101,6 +101,7 @@ impl Stats {
             llama_seconds,
             native_seconds,
             llama_noise_floor: None,
+            candidate: String::new(),
         }
     }
 }

@@ -15,6 +15,12 @@
 //! compared the same way. On the default model they differ at a few percent of positions
 //! (near ties, where any rounding decides): agreement with llama.cpp cannot be judged finer
 //! than llama.cpp agrees with itself.
+//!
+//! `--kv-type` compares llama.cpp with itself instead: the reference with its default f16
+//! KV cache, the candidate with the KV cells in the given types (q8_0, q4_0), both with
+//! flash attention, fed the same tokens the way the daemon feeds them (the prompt in one
+//! batch, then one token per decode, each reading the cached rows). The native pass is not
+//! run, so the model need not be Q8_0.
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -26,6 +32,8 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::config::KvTypes;
+use crate::engine::backend::llama::with_kv_types;
 use crate::engine::chat::ChatTurn;
 use crate::engine::chat::Limit;
 use crate::engine::native::{self, BatchToken, NativeError};
@@ -64,6 +72,16 @@ pub struct Request {
     pub noise_floor: bool,
     /// Where the native forward runs: the CPU twins or the first CUDA GPU.
     pub device: Device,
+    /// Compare llama.cpp with these KV types against llama.cpp with f16 KV, instead of
+    /// the native pass against llama.cpp.
+    pub kv_type: Option<KvTypes>,
+}
+
+/// What the reference is compared with.
+enum Candidate<'m> {
+    Native(native::Model<'static>),
+    /// llama.cpp with quantized KV cells.
+    KvType(LlamaContext<'m>),
 }
 
 /// A prompt line and the number of the line it came from (1-based, for messages).
@@ -108,29 +126,6 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let n_ctx = (longest + req.continue_tokens).clamp(1, ctx_limit as usize);
 
-    // The native model first: a model that is not Q8_0 fails here, naming the tensor,
-    // before any llama.cpp work.
-    let native_load = |source| GoldenError::NativeLoad {
-        path: req.model.clone(),
-        source,
-    };
-    // Opened as the server opens it, one sequence of the longest prompt's context; a pass
-    // that cannot multiply these activations (F32 on CUDA) refuses them by name.
-    let mut native =
-        open_native(&req.model, req.device, 1, n_ctx, req.threads).map_err(native_load)?;
-    native
-        .set_activations(req.activations)
-        .map_err(native_load)?;
-    if native.hparams().n_vocab != n_vocab {
-        return Err(GoldenError::NativeLoad {
-            path: req.model.clone(),
-            source: NativeError::BadMetadata(format!(
-                "vocabulary of {} tokens, llama.cpp's has {n_vocab}",
-                native.hparams().n_vocab
-            )),
-        });
-    }
-
     let threads = i32::try_from(req.threads).unwrap_or(i32::MAX);
     let n_ctx_u32 = u32::try_from(n_ctx).unwrap_or(u32::MAX);
     let params = LlamaContextParams::default()
@@ -140,6 +135,16 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         .with_n_ubatch(n_ctx_u32)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
+    // The candidate first: with the native pass, a model that is not Q8_0 fails here.
+    let mut candidate = match req.kv_type {
+        None => Candidate::Native(open_candidate_native(req, n_ctx, n_vocab)?),
+        Some(types) => Candidate::KvType(
+            llama
+                .llama()
+                .new_context(llama.backend(), with_kv_types(params.clone(), types))
+                .map_err(|e| EngineError::Context(e.to_string()))?,
+        ),
+    };
     // The reference keeps llama.cpp's default (flash attention where the CPU backend has it);
     // the noise floor's context turns it off.
     let mut floor_ctx = if req.noise_floor {
@@ -168,6 +173,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
     let (mut llama_seconds, mut native_seconds) = (0.0, 0.0);
     let mut batch = LlamaBatch::new(n_ctx, 1);
     let mut llama_logits: Vec<f32> = Vec::with_capacity(n_ctx * n_vocab);
+    let mut kv_logits: Vec<f32> = Vec::new();
     for (index, (line, prompt)) in lines.iter().zip(&prompts).enumerate() {
         let decode_err = |why: String| GoldenError::Decode {
             line: line.number,
@@ -203,31 +209,41 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
             decode_all(fctx, &mut batch, &tokens, &mut floor_logits).map_err(decode_err)?;
         }
 
-        // Native: the same tokens, teacher-forced, logits for every position.
+        // The candidate: the same tokens, teacher-forced, logits for every position.
         let started = Instant::now();
-        native
-            .kv_mut()
-            .clear(0)
-            .map_err(|source| GoldenError::Native {
-                line: line.number,
-                source,
-            })?;
-        let fed: Vec<BatchToken> = tokens
-            .iter()
-            .enumerate()
-            .map(|(pos, &token)| BatchToken {
-                seq: 0,
-                token,
-                pos: pos as u32,
-            })
-            .collect();
-        let want = vec![true; fed.len()];
-        let native_logits = native
-            .forward(&fed, &want)
-            .map_err(|source| GoldenError::Native {
-                line: line.number,
-                source,
-            })?;
+        let candidate_logits = match &mut candidate {
+            Candidate::Native(native) => {
+                native
+                    .kv_mut()
+                    .clear(0)
+                    .map_err(|source| GoldenError::Native {
+                        line: line.number,
+                        source,
+                    })?;
+                let fed: Vec<BatchToken> = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &token)| BatchToken {
+                        seq: 0,
+                        token,
+                        pos: pos as u32,
+                    })
+                    .collect();
+                let want = vec![true; fed.len()];
+                native
+                    .forward(&fed, &want)
+                    .map_err(|source| GoldenError::Native {
+                        line: line.number,
+                        source,
+                    })?
+            }
+            Candidate::KvType(kctx) => {
+                kv_logits.clear();
+                decode_as_served(kctx, &mut batch, prompt.len(), &tokens, &mut kv_logits)
+                    .map_err(decode_err)?;
+                &kv_logits[..]
+            }
+        };
         native_seconds += started.elapsed().as_secs_f64();
 
         // A position whose tokens up to it were compared already (the chat template's
@@ -241,7 +257,7 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         stats.repeated += shared;
         for (pos, (a, b)) in llama_logits
             .chunks_exact(n_vocab)
-            .zip(native_logits.chunks_exact(n_vocab))
+            .zip(candidate_logits.chunks_exact(n_vocab))
             .enumerate()
             .skip(shared)
         {
@@ -277,6 +293,11 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         );
     }
     let mut report = stats.report(prompts.len(), llama_seconds, native_seconds);
+    report.candidate = match req.kv_type {
+        // Not the device: `make cuda-sim` checks that both devices report the same.
+        None => "native".to_string(),
+        Some(types) => format!("llama.cpp with {types} KV (reference: f16 KV)"),
+    };
     if floor_ctx.is_some() {
         let f = floor.report(prompts.len(), 0.0, 0.0);
         report.llama_noise_floor = Some(NoiseFloor {
@@ -288,6 +309,58 @@ pub fn run(req: &Request) -> Result<Report, GoldenError> {
         });
     }
     Ok(report)
+}
+
+/// The native model, opened as the server opens it (one sequence of the longest prompt's
+/// context): a model that is not Q8_0 fails here, naming the tensor, before any llama.cpp
+/// work; a pass that cannot multiply the activations asked for (F32 on CUDA) refuses them
+/// by name.
+fn open_candidate_native(
+    req: &Request,
+    n_ctx: usize,
+    n_vocab: usize,
+) -> Result<native::Model<'static>, GoldenError> {
+    let native_load = |source| GoldenError::NativeLoad {
+        path: req.model.clone(),
+        source,
+    };
+    let mut native =
+        open_native(&req.model, req.device, 1, n_ctx, req.threads).map_err(native_load)?;
+    native
+        .set_activations(req.activations)
+        .map_err(native_load)?;
+    if native.hparams().n_vocab != n_vocab {
+        return Err(GoldenError::NativeLoad {
+            path: req.model.clone(),
+            source: NativeError::BadMetadata(format!(
+                "vocabulary of {} tokens, llama.cpp's has {n_vocab}",
+                native.hparams().n_vocab
+            )),
+        });
+    }
+    Ok(native)
+}
+
+/// Feeds `tokens` as the daemon does: the first `prompt` in one batch, then one token per
+/// decode; appends the logits of every position to `out`.
+fn decode_as_served(
+    ctx: &mut LlamaContext<'_>,
+    batch: &mut LlamaBatch,
+    prompt: usize,
+    tokens: &[i32],
+    out: &mut Vec<f32>,
+) -> Result<(), String> {
+    ctx.clear_kv_cache();
+    decode_all(ctx, batch, &tokens[..prompt], out)?;
+    for (pos, &t) in tokens.iter().enumerate().skip(prompt) {
+        batch.clear();
+        batch
+            .add(LlamaToken(t), pos as i32, &[0], true)
+            .map_err(|e| e.to_string())?;
+        ctx.decode(batch).map_err(|e| e.to_string())?;
+        out.extend_from_slice(ctx.get_logits_ith(0));
+    }
+    Ok(())
 }
 
 /// Feeds `tokens` from position 0 in one batch and appends the logits of every position

@@ -11,7 +11,10 @@ pub struct Report {
     pub positions: usize,
     /// Fraction of positions where both put the same token first.
     pub top1_agreement: f64,
-    /// KL(p_llama ‖ p_native) in nats, averaged over positions.
+    /// What llama.cpp was compared with: the native pass, or llama.cpp with
+    /// quantized KV cells (`--kv-type`). The `native_*` fields are the candidate's.
+    pub candidate: String,
+    /// KL(p_llama ‖ p_candidate) in nats, averaged over positions.
     pub mean_kl: f64,
     pub max_kl: f64,
     pub max_abs_logit_diff: f64,
@@ -52,8 +55,9 @@ impl Report {
     /// One line for people: `612 positions over 20 prompts: top-1 agreement 99.84% …`.
     pub fn summary(&self) -> String {
         format!(
-            "{} positions over {} prompts: top-1 agreement {:.2}% ({} differ), mean KL {:.2e}, \
-             max KL {:.2e}, max |logit diff| {:.4} (llama.cpp {:.1} s, native {:.1} s)",
+            "{}: {} positions over {} prompts: top-1 agreement {:.2}% ({} differ), mean KL \
+             {:.2e}, max KL {:.2e}, max |logit diff| {:.4} (llama.cpp {:.1} s, candidate {:.1} s)",
+            self.candidate,
             self.positions,
             self.prompts,
             100.0 * self.top1_agreement,

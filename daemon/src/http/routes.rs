@@ -116,6 +116,12 @@ pub async fn status(State(state): State<AppState>) -> Response {
             "cells": plan.kv_cells,
             "reserved": load.kv_reserved,
             "shared": plan.shared_kv,
+            // `{"k": "q8_0", "v": "q8_0"}`: the element types the cells hold.
+            "type": plan.kv_type,
+            "cell_bytes": crate::engine::footprint::kv_cell_bytes(
+                &state.boot.decision.shape,
+                plan.kv_type,
+            ),
         },
         "prefix_cache": prefix_cache_status(plan, &state.metrics),
         "memory": {

@@ -247,10 +247,10 @@ pub fn prompt_cache_term(shape: &ModelShape, plan: &EnginePlan) -> Option<Term> 
     })
 }
 
-/// The largest saved prefix: a full context of K and V rows of every layer (f16), and
-/// llama.cpp's per-cell position and sequence.
+/// The largest saved prefix: a full context of K and V rows of every layer, in the plan's
+/// KV types, and llama.cpp's per-cell position and sequence.
 pub fn prompt_cache_entry_bytes(shape: &ModelShape, plan: &EnginePlan) -> u64 {
-    let per_row = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * 2 + 16;
+    let per_row = crate::engine::footprint::kv_cell_bytes(shape, plan.kv_type) + 16;
     per_row * u64::from(plan.ctx)
 }
 

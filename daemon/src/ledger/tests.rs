@@ -71,6 +71,71 @@ fn kv_term_matches_llama_cpp_for_the_default_model() {
     assert_eq!(compute(&plan(1, 8192)).term("kv"), 180 << 20);
 }
 
+fn typed(slots: usize, ctx: u32, kv_type: &str) -> EnginePlan {
+    EnginePlan::new(PlanSpec {
+        kv_type: kv_type.parse().expect("a KV type"),
+        ..spec(slots, ctx)
+    })
+    .expect("valid plan")
+}
+
+#[test]
+fn kv_term_matches_llama_cpp_for_each_kv_type() {
+    // llama.cpp's "CPU KV buffer size" (two decimals, MiB) on the default model, served
+    // with --kv-type at slots x ctx; the exact bytes are cells x 30 layers x (K + V rows):
+    // a row of 192 elements is 384 B in f16, 6 q8_0 blocks of 34 B, 6 q4_0 blocks of 18 B.
+    for (kv_type, slots, ctx, bytes, reported) in [
+        ("f16", 1, 2048, 2048 * 30 * (384 + 384), 45.00),
+        ("q8_0", 1, 2048, 2048 * 30 * (204 + 204), 23.91),
+        ("q8_0", 4, 1024, 4096 * 30 * (204 + 204), 47.81),
+        ("q8_0", 1, 1000, 1024 * 30 * (204 + 204), 11.95),
+        ("q4_0", 1, 2048, 2048 * 30 * (108 + 108), 12.66),
+        ("q8_0,f16", 1, 2048, 2048 * 30 * (204 + 384), 34.45),
+        ("q4_0,q8_0", 2, 512, 1024 * 30 * (108 + 204), 9.14),
+    ] {
+        let kv = compute(&typed(slots, ctx, kv_type)).term("kv");
+        assert_eq!(kv, bytes, "{kv_type} {slots} x {ctx}");
+        let mib = kv as f64 / MIB;
+        assert!(
+            (mib - reported).abs() < 0.005,
+            "{kv_type} {slots} x {ctx}: {mib:.3} MiB, llama.cpp says {reported}"
+        );
+    }
+}
+
+#[test]
+fn q8_0_kv_holds_nearly_twice_the_cells_of_f16_in_the_same_bytes() {
+    let shape = smollm2();
+    let f16 = crate::engine::footprint::kv_cell_bytes(&shape, "f16".parse().expect("type"));
+    let q8 = crate::engine::footprint::kv_cell_bytes(&shape, "q8_0".parse().expect("type"));
+    let q4 = crate::engine::footprint::kv_cell_bytes(&shape, "q4_0".parse().expect("type"));
+    assert_eq!((f16, q8, q4), (23_040, 12_240, 6_480));
+    // 32 elements: 64 B in f16, 34 in q8_0, 18 in q4_0.
+    assert!((f16 as f64 / q8 as f64 - 64.0 / 34.0).abs() < 1e-12);
+    assert!((f16 as f64 / q4 as f64 - 64.0 / 18.0).abs() < 1e-12);
+}
+
+#[test]
+fn a_saved_prefix_is_sized_in_the_kv_type() {
+    let shape = smollm2();
+    // A full context of cells, each with llama.cpp's 16 B of position and sequence.
+    for (kv_type, per_cell) in [("f16", 23_040), ("q8_0", 12_240), ("q4_0", 6_480)] {
+        let p = typed(1, 1024, kv_type);
+        assert_eq!(
+            prompt_cache_entry_bytes(&shape, &p),
+            1024 * (per_cell + 16),
+            "{kv_type}"
+        );
+    }
+}
+
+#[test]
+fn the_embeddings_context_keeps_its_cells_in_the_kv_type() {
+    let f16 = compute(&typed(1, 2048, "f16")).term("embeddings");
+    let q8 = compute(&typed(1, 2048, "q8_0")).term("embeddings");
+    assert_eq!(f16 - q8, 2048 * 30 * 2 * (384 - 204));
+}
+
 #[test]
 fn weights_are_counted_once_however_many_slots() {
     let one = compute(&plan(1, 1024));

@@ -11,6 +11,7 @@ mod api;
 mod chat;
 mod golden;
 mod input;
+mod kv_type;
 mod lifecycle;
 mod load;
 mod memory;

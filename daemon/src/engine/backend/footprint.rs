@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::llama_embed::EMBED_BATCH;
 use super::native::forward::UBATCH;
 use super::seam::Device;
+use crate::config::{KvType, KvTypes};
 use crate::engine::plan::EnginePlan;
 use inferloop_gguf::ModelShape;
 
@@ -29,8 +30,6 @@ const CONSTRAINT_PER_SLOT: u64 = 3 << 20;
 /// A second llama.cpp context's fixed allocations (graph and scheduler metadata, its
 /// threadpool): measured as ~2.5 MiB on the default model.
 const EMBED_CONTEXT_OVERHEAD: u64 = 3 << 20;
-/// KV cache element size (llama.cpp's default f16 K and V).
-const KV_ELEM_BYTES: u64 = 2;
 /// llama.cpp rounds each sequence's context up to this many cells.
 const KV_PAD: u64 = 256;
 
@@ -51,8 +50,34 @@ pub struct Footprint {
     pub compute_reserved_bytes: u64,
 }
 
-/// llama.cpp on the CPU: the mapped weights, its f16 KV cache (padded per sequence, or the
-/// shared pool), the compute buffer its worst case touches, and the process overhead.
+/// Bytes of one KV cell: a K row and a V row of every layer, in the plan's types. ggml
+/// stores a row as whole blocks (f16: 2 B an element; q8_0: 34 B per 32; q4_0: 18 B per
+/// 32), with no padding between rows; each layer's K and V are one tensor of `cells` rows
+/// whose size is a multiple of the CPU buffer's 32-byte alignment whenever `cells` is a
+/// multiple of [`KV_PAD`], so llama.cpp's "KV buffer size" is exactly `cells` times this.
+pub fn kv_cell_bytes(shape: &ModelShape, types: KvTypes) -> u64 {
+    shape.n_layer
+        * (types.k.row_bytes(shape.n_head_kv * shape.head_dim_k)
+            + types.v.row_bytes(shape.n_head_kv * shape.head_dim_v))
+}
+
+/// The `kv` term's detail: what one cell holds.
+fn kv_cell_detail(shape: &ModelShape, types: KvTypes) -> String {
+    let row = |t: KvType, dim: u64| {
+        let elements = shape.n_head_kv * dim;
+        format!("{} {t} = {} B", elements, t.row_bytes(elements))
+    };
+    format!(
+        "{} layers x (K {} + V {})",
+        shape.n_layer,
+        row(types.k, shape.head_dim_k),
+        row(types.v, shape.head_dim_v)
+    )
+}
+
+/// llama.cpp on the CPU: the mapped weights, its KV cache in the plan's types (padded per
+/// sequence, or the shared pool), the compute buffer its worst case touches, and the
+/// process overhead.
 pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
     let u = u64::from(plan.n_ubatch);
     let slots = plan.slots as u64;
@@ -62,8 +87,7 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
     } else {
         per_slot * plan.sequences() as u64
     };
-    let per_cell =
-        shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v) * KV_ELEM_BYTES;
+    let per_cell = kv_cell_bytes(shape, plan.kv_type);
     let kv = cells * per_cell;
     let ctx_seq = per_slot.min(cells);
     // One micro-batch's graph: FFN gate/up (f32) and the residual, and the f16 attention
@@ -101,10 +125,7 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
             Term {
                 name: "kv",
                 bytes: kv,
-                detail: format!(
-                    "{cells} cells x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B",
-                    shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
-                ),
+                detail: format!("{cells} cells x {}", kv_cell_detail(shape, plan.kv_type)),
             },
             Term {
                 name: "compute",
@@ -165,7 +186,8 @@ pub fn native(shape: &ModelShape, plan: &EnginePlan, device: Device) -> Footprin
     let sequences = plan.sequences() as u64;
     let ctx = u64::from(plan.ctx);
     let kv_dim2 = shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v);
-    let kv = shape.n_layer * sequences * ctx * kv_dim2 * KV_ELEM_BYTES;
+    // Always f16: the native backend refuses other KV types at boot (`check_plan`).
+    let kv = sequences * ctx * kv_cell_bytes(shape, KvTypes::F16);
     let u = UBATCH as u64;
     let q_dim = shape.n_head * shape.head_dim_k;
     // Per pass row: the residual and its normalized copy, the attention output's
@@ -204,8 +226,9 @@ pub fn native(shape: &ModelShape, plan: &EnginePlan, device: Device) -> Footprin
                 name: "kv",
                 bytes: kv,
                 detail: format!(
-                    "{sequences} sequences x {} ctx x {} layers x {} kv heads x ({}+{}) dims x {KV_ELEM_BYTES} B{kv_where}",
-                    plan.ctx, shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+                    "{sequences} sequences x {} ctx x {}{kv_where}",
+                    plan.ctx,
+                    kv_cell_detail(shape, KvTypes::F16)
                 ),
             },
             Term {

@@ -3,7 +3,7 @@
 
 use std::num::NonZeroU32;
 
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::{BatchAddError, LlamaBatch};
@@ -18,6 +18,7 @@ use super::seam::{
     step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab,
     Work,
 };
+use crate::config::{KvType, KvTypes};
 use crate::engine::chat::model::LoadedModel;
 use crate::engine::embed::Pooling;
 use crate::engine::plan::EnginePlan;
@@ -30,6 +31,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     logprobs: true,
     own_weights: false,
     embeddings: true,
+    quantized_kv: true,
     devices: &[Device::Cpu],
 };
 
@@ -45,10 +47,45 @@ pub struct LlamaCpp<'m> {
     shared_kv: bool,
     /// Cells of one sequence's KV stream when each has its own (`ctx`).
     stream_cells: u32,
+    /// The KV cells' element types: saved prefixes are in them.
+    kv_type: KvTypes,
     /// One row of logits, biased, for `logprobs` (kept to avoid an allocation per token).
     row: Vec<f32>,
     /// The embedding passes and their own context (see [`embed`]).
     embed: embed::Passes<'m>,
+}
+
+/// What a saved prefix's bytes depend on: llama.cpp's release, the KV element types (a
+/// q8_0 row is not an f16 row), the model's layers, width and heads, and whether the
+/// sequences share one pool. The prompt cache restores an entry only under the same string.
+fn kv_layout(
+    [n_layer, n_embd, n_head, n_head_kv]: [u32; 4],
+    types: KvTypes,
+    shared: bool,
+) -> String {
+    format!(
+        "llama.cpp via llama-cpp-2 {LLAMA_CPP_2}: {} K and {} V, {n_layer} layers, {n_embd} embd, {n_head} heads ({n_head_kv} kv), unified {shared}",
+        types.k, types.v
+    )
+}
+
+/// Sets the KV cells' element types. A quantized V cache is read only by llama.cpp's flash
+/// attention (without it V is stored transposed, element by element, which a block type
+/// cannot be): the policy is then `enabled`, not `auto`, so that a build or model where
+/// flash attention is unavailable fails at load with llama.cpp's reason instead of
+/// serving some other way. f16 V keeps llama.cpp's `auto` (flash attention on the CPU).
+pub fn with_kv_types(params: LlamaContextParams, types: KvTypes) -> LlamaContextParams {
+    let ggml = |t: KvType| match t {
+        KvType::F16 => KvCacheType::F16,
+        KvType::Q8_0 => KvCacheType::Q8_0,
+        KvType::Q4_0 => KvCacheType::Q4_0,
+    };
+    let params = params.with_type_k(ggml(types.k)).with_type_v(ggml(types.v));
+    if types.v.is_quantized() {
+        params.with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED)
+    } else {
+        params
+    }
 }
 
 /// A sequence's sampler chain, and what its `logprobs` need: the chain biases the
@@ -91,6 +128,7 @@ impl<'m> LlamaCpp<'m> {
             .with_n_ubatch(plan.n_ubatch)
             .with_n_threads(plan.threads)
             .with_n_threads_batch(plan.threads);
+        let params = with_kv_types(params, plan.kv_type);
         let ctx = model
             .llama()
             .new_context(model.backend(), params)
@@ -102,8 +140,9 @@ impl<'m> LlamaCpp<'m> {
             samplers: (0..plan.sequences()).map(|_| None).collect(),
             shared_kv: plan.shared_kv,
             stream_cells: plan.ctx,
+            kv_type: plan.kv_type,
             row: Vec::new(),
-            embed: embed::Passes::new(plan.sequences(), plan.ctx, plan.threads),
+            embed: embed::Passes::new(plan.sequences(), plan.ctx, plan.threads, plan.kv_type),
         })
     }
 
@@ -236,15 +275,9 @@ impl Backend for LlamaCpp<'_> {
     }
 
     fn kv_layout(&self) -> Option<String> {
-        let shape = self.model.llama();
-        Some(format!(
-            "llama.cpp via llama-cpp-2 {LLAMA_CPP_2}: f16 K and V, {} layers, {} embd, {} heads ({} kv), unified {}",
-            shape.n_layer(),
-            shape.n_embd(),
-            shape.n_head(),
-            shape.n_head_kv(),
-            self.shared_kv
-        ))
+        let m = self.model.llama();
+        let dims = [m.n_layer(), m.n_embd() as u32, m.n_head(), m.n_head_kv()];
+        Some(kv_layout(dims, self.kv_type, self.shared_kv))
     }
 
     fn save_prefix(&mut self, seq: SeqId, len: u32) -> Result<Vec<u8>, BackendError> {
@@ -405,6 +438,31 @@ mod tests {
 
     use super::*;
     use crate::engine::native::sampling::Sampler;
+
+    #[test]
+    fn saved_prefixes_of_one_kv_type_never_match_another() {
+        let dims = [30, 576, 9, 3];
+        let f16 = kv_layout(dims, KvTypes::F16, false);
+        assert!(f16.contains("f16 K and f16 V"), "{f16}");
+        let all = [
+            f16,
+            kv_layout(dims, KvTypes::both(KvType::Q8_0), false),
+            kv_layout(dims, KvTypes::both(KvType::Q4_0), false),
+            kv_layout(
+                dims,
+                KvTypes {
+                    k: KvType::Q8_0,
+                    v: KvType::F16,
+                },
+                false,
+            ),
+        ];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
 
     #[test]
     fn the_layout_names_the_llama_cpp_2_release_the_workspace_pins() {

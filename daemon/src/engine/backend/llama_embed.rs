@@ -18,6 +18,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use super::seam::{BackendError, SeqId, SeqOutcome, Work};
+use crate::config::KvTypes;
 use crate::engine::chat::model::LoadedModel;
 use crate::engine::embed::{Pooled, Pooling};
 
@@ -33,6 +34,8 @@ pub struct Passes<'m> {
     ctx: Option<LlamaContext<'m>>,
     n_ctx: u32,
     threads: i32,
+    /// The generation context's KV types: the ledger sizes this context's cells alike.
+    kv_type: KvTypes,
 }
 
 struct Pass {
@@ -41,12 +44,13 @@ struct Pass {
 }
 
 impl<'m> Passes<'m> {
-    pub fn new(n_seq: usize, n_ctx: u32, threads: i32) -> Self {
+    pub fn new(n_seq: usize, n_ctx: u32, threads: i32, kv_type: KvTypes) -> Self {
         Self {
             seqs: (0..n_seq).map(|_| None).collect(),
             ctx: None,
             n_ctx,
             threads,
+            kv_type,
         }
     }
 
@@ -92,7 +96,7 @@ impl<'m> Passes<'m> {
         let (pooling, prompt) = (pass.pooling, std::mem::take(&mut pass.tokens));
         let ctx = match self.ctx.take() {
             Some(c) => c,
-            None => match context(model, self.n_ctx, self.threads) {
+            None => match context(model, self.n_ctx, self.threads, self.kv_type) {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             },
@@ -112,6 +116,7 @@ fn context<'m>(
     model: &'m LoadedModel,
     n_ctx: u32,
     threads: i32,
+    kv_type: KvTypes,
 ) -> Result<LlamaContext<'m>, String> {
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
@@ -122,6 +127,7 @@ fn context<'m>(
         .with_n_threads_batch(threads)
         .with_embeddings(true)
         .with_pooling_type(LlamaPoolingType::None);
+    let params = super::llama::with_kv_types(params, kv_type);
     model
         .llama()
         .new_context(model.backend(), params)

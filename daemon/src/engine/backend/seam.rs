@@ -44,6 +44,8 @@ pub struct Capabilities {
     pub own_weights: bool,
     /// Embedding passes: a sequence's pooled final-norm hidden states.
     pub embeddings: bool,
+    /// KV cells in a quantized type (`--kv-type q8_0`, `q4_0`), not only f16.
+    pub quantized_kv: bool,
     /// The devices it computes on.
     pub devices: &'static [Device],
 }

@@ -68,8 +68,15 @@ impl Selection {
     }
 
     /// Refuses a plan the backend cannot allocate: a KV pool smaller than `slots × ctx`
-    /// without a shared pool would be admitted by cells that do not exist.
+    /// without a shared pool would be admitted by cells that do not exist; a KV type the
+    /// backend does not keep would be served, and counted by the ledger, as something else.
     pub fn check_plan(&self, plan: &EnginePlan) -> Result<(), SelectError> {
+        if !plan.kv_type.is_f16() && !self.capabilities().quantized_kv {
+            return Err(SelectError::KvTypeF16Only {
+                backend: self.name(),
+                kv_type: plan.kv_type,
+            });
+        }
         if plan.shared_kv && !self.capabilities().shared_kv_pool {
             return Err(SelectError::NoSharedPool {
                 backend: self.name(),
@@ -161,6 +168,14 @@ pub enum SelectError {
         backend: &'static str,
         cells: u32,
         full: u64,
+    },
+    #[error(
+        "--kv-type {kv_type}: the {backend} backend keeps its KV cache in f16 only; drop \
+         --kv-type (or set it to f16), or use --backend llama"
+    )]
+    KvTypeF16Only {
+        backend: &'static str,
+        kv_type: crate::config::KvTypes,
     },
 }
 

@@ -283,3 +283,44 @@ fn embeddings_are_offered_by_llama_cpp_and_native_on_the_cpu_but_not_on_cuda() {
         (true, true)
     );
 }
+
+#[test]
+fn native_refuses_a_quantized_kv_type_as_a_usage_error_and_llama_cpp_takes_it() {
+    use crate::config::{KvType, KvTypes};
+    use crate::engine::plan::{EnginePlan, PlanSpec};
+    let plan = |kv_type| {
+        EnginePlan::new(PlanSpec {
+            kv_type,
+            ..PlanSpec::new(2, 1024)
+        })
+        .expect("valid plan")
+    };
+    let native = select(BackendChoice::Native, DeviceChoice::Cpu, None, none, q8).unwrap();
+    let llama = select(BackendChoice::Llama, DeviceChoice::Auto, None, none, q4).unwrap();
+    assert_eq!(native.check_plan(&plan(KvTypes::F16)), Ok(()));
+    let q8_v_f16 = KvTypes {
+        k: KvType::Q8_0,
+        v: KvType::F16,
+    };
+    for kv_type in [
+        KvTypes::both(KvType::Q8_0),
+        KvTypes::both(KvType::Q4_0),
+        q8_v_f16,
+    ] {
+        let err = native.check_plan(&plan(kv_type)).unwrap_err();
+        assert_eq!(
+            err,
+            SelectError::KvTypeF16Only {
+                backend: "native",
+                kv_type
+            }
+        );
+        assert_eq!(err.exit_code(), ExitCode::Usage);
+        assert!(
+            err.to_string()
+                .contains(&format!("--kv-type {kv_type}: the native backend")),
+            "{err}"
+        );
+        assert_eq!(llama.check_plan(&plan(kv_type)), Ok(()));
+    }
+}

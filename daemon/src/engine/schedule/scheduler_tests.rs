@@ -39,6 +39,7 @@ pub(super) fn plan(slots: usize, queue: usize) -> EnginePlan {
         ctx: 4096,
         kv_cells: slots as u32 * 4096,
         shared_kv: false,
+        kv_type: crate::config::KvTypes::F16,
         prefill_chunk: STEP_TOKENS,
         n_batch: STEP_TOKENS + slots as u32,
         n_ubatch: STEP_TOKENS,

@@ -20,6 +20,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     own_weights: true,
     // On the CPU; the CUDA pass has no `run_hidden` (see `Selection::capabilities`).
     embeddings: true,
+    // Its attention kernels read f16 K and V rows (`kv_store.cu`, `decode_attention`).
+    quantized_kv: false,
     devices: &[Device::Cpu, Device::Cuda],
 };
 
@@ -546,6 +548,7 @@ mod tests {
             ctx: N_CTX as u32,
             kv_cells: (slots * N_CTX) as u32,
             shared_kv: false,
+            kv_type: crate::config::KvTypes::F16,
             prefill_chunk: STEP_TOKENS,
             n_batch: STEP_TOKENS + slots as u32,
             n_ubatch: STEP_TOKENS,
