@@ -249,7 +249,15 @@ fn golden_compares_q8_0_kv_with_f16_kv_on_weights_the_native_pass_cannot_read() 
         .arg(&model)
         .arg("--prompts")
         .arg(&prompts)
-        .args(["--kv-type", "q8_0", "--continue", "8", "--threads", "1", "--json"])
+        .args([
+            "--kv-type",
+            "q8_0",
+            "--continue",
+            "8",
+            "--threads",
+            "1",
+            "--json",
+        ])
         .env("RUST_LOG", "warn")
         .output()
         .expect("run inferloopd golden");
