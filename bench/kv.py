@@ -14,9 +14,10 @@ quality.
 3. Quality: `inferloopd golden --kv-type T --noise-floor` on the prompts: llama.cpp with f16
    KV against llama.cpp with T, KL and top-1 agreement over every position, beside llama.cpp
    against itself (flash attention off vs on) as the scale.
+4. Speed (`--speed RUNS`): prefill and decode tok/s of one slot per type, rounds interleaved.
 
 Usage: bench/kv.py [--daemon PATH] [--model PATH] [--limit-mb N] [--slots N] [--types T ...]
-       [--fill] [--no-golden] [--output PATH]
+       [--fill] [--no-cgroup] [--no-golden] [--speed RUNS] [--output PATH]
 Writes bench/results/kv.json and prints the tables. Standard library only.
 """
 
@@ -165,6 +166,19 @@ def varied_text(seed: int, words: int) -> str:
                     for _ in range(words))
 
 
+def wait_ready(base: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{base} not ready within {timeout:.0f} s")
+
+
 def serve_in_cgroup(daemon: str, model: str, limit_mb: int, slots: int, ctx: int,
                     kv_type: str, threads: int, fill: bool) -> dict:
     cg = Cgroup(f"inferloop-kv-{kv_type.replace(',', '-')}")
@@ -201,14 +215,7 @@ def serve_in_cgroup(daemon: str, model: str, limit_mb: int, slots: int, ctx: int
                                         if "memory admission rejected" in l), None))
         else:
             base = url[0]
-            for _ in range(600):
-                try:
-                    with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                time.sleep(0.1)
+            wait_ready(base)
             if fill:
                 # Every slot nearly full at once: ~1.85 tokens a word.
                 words = int((ctx - 64) / 1.9)
@@ -242,6 +249,53 @@ def serve_in_cgroup(daemon: str, model: str, limit_mb: int, slots: int, ctx: int
         cg.remove()
 
 
+def speed(daemon: str, model: str, types: list[str], threads: int, runs: int) -> list[dict]:
+    """Prefill and decode tok/s per KV type: one slot, a ~2000-token prompt, 128 tokens at
+    temperature 0, `runs` rounds with the types interleaved (so drift hits them alike)."""
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    rows: dict[str, list[dict]] = {t: [] for t in types}
+    try:
+        for t in types:
+            argv = [daemon, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                    "--slots", "1", "--ctx", "4096", "--kv-type", t, "--threads", str(threads),
+                    "--prefix-cache", "off", "--prompt-cache-ram-mb", "0"]
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True, errors="replace",
+                                    env=clean_env())
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "listening on" in line:
+                    url = "http://" + line.split("listening on")[1].split()[0] \
+                        .removeprefix("http://").rstrip("/")
+                    break
+            else:
+                raise SystemExit(f"{t}: the daemon exited before listening")
+            threading.Thread(target=lambda p=proc: [None for _ in p.stderr], daemon=True).start()
+            wait_ready(url)
+            servers[t] = (proc, url)
+        for r in range(runs):
+            for t in types:
+                v = post(servers[t][1] + "/v1/completions", {
+                    "prompt": varied_text(100 + r, 1050), "max_tokens": 128,
+                    "temperature": 0})
+                tm = v["timings"]
+                rows[t].append({"prompt_n": tm["prompt_n"],
+                                "prompt_per_second": tm["prompt_per_second"],
+                                "predicted_n": tm["predicted_n"],
+                                "predicted_per_second": tm["predicted_per_second"]})
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    out = []
+    for t in types:
+        med = lambda k: sorted(x[k] for x in rows[t])[len(rows[t]) // 2]  # noqa: E731
+        out.append({"kv_type": t, "runs": rows[t], "prompt_n": rows[t][0]["prompt_n"],
+                    "prefill_tok_s_median": med("prompt_per_second"),
+                    "decode_tok_s_median": med("predicted_per_second")})
+    return out
+
+
 def golden(daemon: str, model: str, prompts: str, kv_type: str, threads: int,
            continue_tokens: int) -> dict:
     argv = [daemon, "golden", "--model", model, "--prompts", prompts, "--kv-type", kv_type,
@@ -267,6 +321,8 @@ def main() -> int:
                     help="fill every slot before measuring the cgroup's peak (slow)")
     ap.add_argument("--no-cgroup", action="store_true")
     ap.add_argument("--no-golden", action="store_true")
+    ap.add_argument("--speed", type=int, default=0, metavar="RUNS",
+                    help="also prefill/decode tok/s per type, RUNS interleaved rounds")
     ap.add_argument("--prompts", default=str(REPO / "bench/golden-prompts.txt"))
     ap.add_argument("--continue", dest="continue_tokens", type=int, default=16)
     ap.add_argument("--output", default=str(REPO / "bench/results/kv.json"))
@@ -332,6 +388,16 @@ def main() -> int:
             print(f"| {t} | {g['positions']} | {100 * g['top1_agreement']:.2f}% | "
                   f"{g['mean_kl']:.2e} | {g['max_kl']:.2e} | {100 * f['top1_agreement']:.2f}% | "
                   f"{f['mean_kl']:.2e} | {f['max_kl']:.2e} |", flush=True)
+
+    if args.speed:
+        print(f"\n## Speed: 1 slot, ~2000-token prompt, 128 tokens, --threads {args.threads}, "
+              f"median of {args.speed}\n")
+        print("| kv type | prompt tokens | prefill tok/s | decode tok/s |")
+        print("|---|---:|---:|---:|")
+        out["speed"] = speed(args.daemon, args.model, types, args.threads, args.speed)
+        for r in out["speed"]:
+            print(f"| {r['kv_type']} | {r['prompt_n']} | {r['prefill_tok_s_median']:.1f} | "
+                  f"{r['decode_tok_s_median']:.1f} |", flush=True)
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
