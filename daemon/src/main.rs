@@ -89,7 +89,8 @@ struct GoldenArgs {
     threads: Option<u32>,
     /// Compare llama.cpp with its KV cache in these types (`q8_0`, `q4_0`, or `K,V`) against
     /// llama.cpp with f16 KV, instead of the native pass against llama.cpp (any weights).
-    #[arg(long, value_name = "f16|q8_0|q4_0[,V]")]
+    /// No native pass runs then, so its --device and --activations are refused, not ignored.
+    #[arg(long, value_name = "f16|q8_0|q4_0[,V]", conflicts_with_all = ["device", "activations"])]
     kv_type: Option<inferloopd::config::KvTypes>,
 }
 
