@@ -665,10 +665,19 @@ pub fn header(resp: &reqwest::Response, name: &str) -> String {
 
 /// The value of one series (name plus labels, exactly as exposed) in a /metrics body.
 pub fn metric(text: &str, series: &str) -> f64 {
+    find_metric(text, series)
+        .unwrap_or_else(|| panic!("series `{series}` not in /metrics:\n{text}"))
+}
+
+/// A series' value, 0 while it is not exported yet (for waits on counters that appear late).
+pub fn metric_or_zero(text: &str, series: &str) -> f64 {
+    find_metric(text, series).unwrap_or(0.0)
+}
+
+fn find_metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("series `{series}` not in /metrics:\n{text}"))
 }
 
 pub fn usage_adds_up(v: &Value, max_tokens: u64) {

@@ -3,12 +3,12 @@
 //! the prompt cache's disk tier never restores an f16 run's entries into a q8_0 run; the
 //! native backend refuses a quantized type before it loads anything.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{text_of, Daemon, SETTLE};
+use crate::harness::{metric_or_zero as series, text_of, Daemon, SETTLE};
+use crate::tiers::{start_on, stop};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -27,14 +27,6 @@ fn paris() -> Value {
         "max_tokens": 24,
         "temperature": 0,
     })
-}
-
-/// A series' value, 0 when it is not exported yet.
-fn series(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 fn term(status: &Value, name: &str) -> u64 {
@@ -152,29 +144,6 @@ fn the_native_backend_refuses_a_quantized_kv_type_with_exit_2_before_binding() {
     assert!(!log.contains("listening on"), "{log}");
 }
 
-async fn start_on(state: &Path, kv_type: &str) -> Daemon {
-    let state = state.to_str().expect("utf-8 path");
-    let d = Daemon::start(&[
-        "--slots",
-        "1",
-        "--ctx",
-        "1024",
-        "--prefix-cache",
-        "exact",
-        "--prompt-cache-ram-mb",
-        "0",
-        "--state-dir",
-        state,
-        "--kv-type",
-        kv_type,
-    ]);
-    d.wait_status(SETTLE, "the disk tier indexed its directory", |s| {
-        s["prefix_cache"]["tiers"]["disk"]["ready"] == true
-    })
-    .await;
-    d
-}
-
 async fn ask(d: &Daemon) -> (String, u64) {
     let v = d.chat(&paris()).await;
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -183,26 +152,24 @@ async fn ask(d: &Daemon) -> (String, u64) {
     (text_of(&v), cached)
 }
 
-async fn saved_and_stopped(mut d: Daemon) {
+async fn saved_and_stopped(d: Daemon) {
     d.wait_metrics(SETTLE, "the idle slot saved to disk", |m| {
         series(m, "inferloop_prompt_cache_entries{tier=\"disk\"}") >= 1.0
     })
     .await;
-    d.sigterm();
-    let status = d.wait_exit(SETTLE).expect("exits after SIGTERM");
-    assert!(status.success(), "{status:?}: {}", d.log_tail());
+    stop(d).await;
 }
 
 #[tokio::test]
 async fn disk_entries_of_an_f16_run_are_never_restored_into_a_q8_0_run() {
     let state = tempfile::tempdir().expect("tmp");
-    let d = start_on(state.path(), "f16").await;
+    let d = start_on(state.path(), &["--kv-type", "f16"]).await;
     let (_, cached) = ask(&d).await;
     assert_eq!(cached, 0);
     saved_and_stopped(d).await;
 
     // q8_0 on the same directory: the f16 entry is another layout, dropped at the scan.
-    let d = start_on(state.path(), "q8_0").await;
+    let d = start_on(state.path(), &["--kv-type", "q8_0"]).await;
     let m = d.metrics().await;
     assert!(
         series(
@@ -217,7 +184,7 @@ async fn disk_entries_of_an_f16_run_are_never_restored_into_a_q8_0_run() {
     saved_and_stopped(d).await;
 
     // Its own q8_0 entry comes back after a restart, and gives the same text.
-    let d = start_on(state.path(), "q8_0").await;
+    let d = start_on(state.path(), &["--kv-type", "q8_0"]).await;
     let (again, cached) = ask(&d).await;
     assert!(
         cached > 64,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::harness::{text_of, Daemon, SETTLE};
+use crate::harness::{metric_or_zero as series, text_of, Daemon, SETTLE};
 
 /// An application's system prompt, long enough to be saved (over 64 tokens).
 fn app(n: usize) -> String {
@@ -40,14 +40,6 @@ async fn run(d: &Daemon, body: &Value) -> (String, u64) {
         .as_u64()
         .expect("cached_tokens");
     (text_of(&v), cached)
-}
-
-/// A series' value, 0 when it is not exported yet.
-fn series(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 const DISK_ENTRIES: &str = "inferloop_prompt_cache_entries{tier=\"disk\"}";
@@ -84,9 +76,11 @@ async fn a_prompt_pushed_out_of_the_only_slot_is_restored_from_ram_with_the_same
     );
 }
 
-async fn start_on(state: &Path) -> Daemon {
+/// A one-slot daemon on `state` with the disk tier only, plus `extra` flags, once the tier
+/// is ready.
+pub(crate) async fn start_on(state: &Path, extra: &[&str]) -> Daemon {
     let state = state.to_str().expect("utf-8 path");
-    let d = Daemon::start(&[
+    let mut args = vec![
         "--slots",
         "1",
         "--ctx",
@@ -97,7 +91,9 @@ async fn start_on(state: &Path) -> Daemon {
         "0",
         "--state-dir",
         state,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let d = Daemon::start(&args);
     // The disk tier is keyed by the weights' SHA-256, hashed in the background here.
     d.wait_status(SETTLE, "the disk tier indexed its directory", |s| {
         s["prefix_cache"]["tiers"]["disk"]["ready"] == true
@@ -106,7 +102,7 @@ async fn start_on(state: &Path) -> Daemon {
     d
 }
 
-async fn stop(mut d: Daemon) {
+pub(crate) async fn stop(mut d: Daemon) {
     d.sigterm();
     let status = d.wait_exit(SETTLE).expect("exits after SIGTERM");
     assert!(status.success(), "{status:?}: {}", d.log_tail());
@@ -116,7 +112,7 @@ async fn stop(mut d: Daemon) {
 async fn a_restarted_box_finds_its_prompt_on_disk_and_a_corrupt_entry_is_dropped_and_counted() {
     let state = tempfile::tempdir().expect("tmp");
     let body = ask(&app(3), "Which part is rule 5 about?");
-    let d = start_on(state.path()).await;
+    let d = start_on(state.path(), &[]).await;
     let (first, cached) = run(&d, &body).await;
     assert_eq!(cached, 0);
     // Saved while the box is idle, written off the serving path.
@@ -126,7 +122,7 @@ async fn a_restarted_box_finds_its_prompt_on_disk_and_a_corrupt_entry_is_dropped
     .await;
     stop(d).await;
 
-    let d = start_on(state.path()).await;
+    let d = start_on(state.path(), &[]).await;
     let (again, cached) = run(&d, &body).await;
     assert_eq!(again, first, "the same text from restored rows");
     assert!(cached > 64, "warm after the restart: {cached} cached");
@@ -149,7 +145,7 @@ async fn a_restarted_box_finds_its_prompt_on_disk_and_a_corrupt_entry_is_dropped
         flipped += 1;
     }
     assert!(flipped >= 1);
-    let d = start_on(state.path()).await;
+    let d = start_on(state.path(), &[]).await;
     let (after, cached) = run(&d, &body).await;
     assert_eq!(after, first, "recomputed, the same text");
     assert_eq!(cached, 0, "a corrupt entry is never restored");
