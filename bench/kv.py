@@ -26,13 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from memory import post, varied_text  # noqa: E402 (bench/ is on the path)
+
+# Seconds a request may take: a full slot's prefill on a slow box under a tight limit.
+LONG = 1800
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -148,24 +152,6 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def post(url: str, body: dict, timeout: float = 1800) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-WORDS = ("alpha river stone cloud market engine silver garden winter planet copper signal "
-         "harbor violet quiet number system bridge forest method theory ocean candle mirror "
-         "rocket butter sugar piano tiger yellow").split()
-
-
-def varied_text(seed: int, words: int) -> str:
-    r = random.Random(seed)
-    return " ".join(r.choice(WORDS) + (str(r.randint(0, 999)) if r.random() < 0.3 else "")
-                    for _ in range(words))
-
-
 def wait_ready(base: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -221,7 +207,8 @@ def serve_in_cgroup(daemon: str, model: str, limit_mb: int, slots: int, ctx: int
                 words = int((ctx - 64) / 1.9)
                 threads_ = [threading.Thread(target=post, args=(
                     base + "/v1/completions",
-                    {"prompt": varied_text(i, words), "max_tokens": 16, "temperature": 0}))
+                    {"prompt": varied_text(i, words), "max_tokens": 16, "temperature": 0},
+                    LONG))
                     for i in range(slots)]
                 for t in threads_:
                     t.start()
@@ -229,7 +216,7 @@ def serve_in_cgroup(daemon: str, model: str, limit_mb: int, slots: int, ctx: int
                     t.join()
             answer = post(base + "/v1/chat/completions", {
                 "messages": [{"role": "user", "content": "Name the capital city of France."}],
-                "max_tokens": 16, "temperature": 0})
+                "max_tokens": 16, "temperature": 0}, LONG)
             status = json.loads(urllib.request.urlopen(base + "/v1/status", timeout=10).read())
             proc.terminate()
             proc.wait(timeout=60)
@@ -277,7 +264,7 @@ def speed(daemon: str, model: str, types: list[str], threads: int, runs: int) ->
             for t in types:
                 v = post(servers[t][1] + "/v1/completions", {
                     "prompt": varied_text(100 + r, 1050), "max_tokens": 128,
-                    "temperature": 0})
+                    "temperature": 0}, LONG)
                 tm = v["timings"]
                 rows[t].append({"prompt_n": tm["prompt_n"],
                                 "prompt_per_second": tm["prompt_per_second"],
