@@ -19,6 +19,7 @@ mod parity;
 mod prefix;
 mod prompt;
 mod quantize;
+mod spec;
 mod stream;
 mod structured;
 mod template;

@@ -70,6 +70,8 @@ pub struct Log {
     pub verified: Vec<(SeqId, usize, usize)>,
     /// Steps that verified two sequences or more and fed a prompt chunk too.
     pub verified_mixed: u64,
+    /// Drafts holding [`END`]: nothing a correct scheduler sends.
+    pub drafted_end: u64,
     /// Works fed at a position other than the end of what their sequence held:
     /// (sequence, position fed, positions held). Nothing a correct scheduler does.
     pub misplaced: Vec<(SeqId, u32, u32)>,
@@ -247,6 +249,9 @@ impl Backend for Fake {
             let outcome = match *w {
                 Work::Prefill { sample: false, .. } => SeqOutcome::new(seq, Ok(None)),
                 Work::Verify { tokens, pos, .. } => {
+                    if tokens[1..].contains(&END) {
+                        c.log.drafted_end += 1;
+                    }
                     let Ok(produced) = verify_rows::<Infallible>(&tokens[1..], |i| {
                         Ok(self.sample(&c, seq, pos + i as u32))
                     });

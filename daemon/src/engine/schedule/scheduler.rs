@@ -289,7 +289,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     fn step(&mut self) {
         self.resolve_awaiting();
         for seq in self.seqs.iter_mut().flatten() {
-            seq.draft();
+            seq.draft(self.vocab);
         }
         let plan = plan_step(
             &self.seqs,

@@ -158,8 +158,10 @@ impl Sequence {
 
     /// Fills [`verify`](Self::verify) for the next step: the token to feed and a draft after
     /// it, or nothing when there is no draft. A draft never proposes more than the tokens
-    /// left to generate allow, so a verification never produces more than `max_tokens`.
-    pub fn draft(&mut self) {
+    /// left to generate allow, so a verification never produces more than `max_tokens`, and
+    /// stops before an end-of-generation token (the prompt's template holds them): nothing
+    /// is sampled after the end, where a grammar has nothing left to allow.
+    pub fn draft(&mut self, vocab: &dyn Vocab) {
         self.verify.clear();
         let (Phase::Decoding { next }, Some(drafter)) = (&self.phase, &self.drafter) else {
             return;
@@ -171,6 +173,9 @@ impl Sequence {
             .saturating_sub(1) as usize;
         let mut draft = std::mem::take(&mut self.verify);
         drafter.propose(&self.history, self.generated, room, &mut draft);
+        if let Some(end) = draft.iter().position(|&t| vocab.is_end(t)) {
+            draft.truncate(end);
+        }
         if !draft.is_empty() {
             draft.insert(0, *next);
         }

@@ -167,6 +167,21 @@ fn tokens_accepted_after_a_stop_sequence_are_dropped() {
 }
 
 #[test]
+fn a_draft_stops_before_an_end_of_generation_token() {
+    // The prompt's cycle has the end token where word 35 would be (a chat template's end
+    // of turn): lookup would draft it after "33 34".
+    let mut prompt = cycle(60);
+    prompt[25] = crate::engine::backend::fake::END;
+    let req = |r: &Rig| request(r, prompt.clone(), 40);
+    let (off, _) = run(Spec::Off, None, req);
+    let (on, rig) = run(Spec::Ngram, None, req);
+    same_output(&on, &off);
+    let log = rig.fake.log();
+    assert!(!log.verified.is_empty());
+    assert_eq!(log.drafted_end, 0, "{log:?}");
+}
+
+#[test]
 fn drafting_pauses_where_drafts_keep_missing() {
     // Every third token departs from the cycle, and never the same way twice: after two
     // cycle words the draft says a third one and the model writes something else.
