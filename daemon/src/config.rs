@@ -19,7 +19,7 @@ mod layer;
 mod tests;
 mod thermal;
 
-pub use choices::{BackendChoice, DeviceChoice, KvType, KvTypes, PrefixCache};
+pub use choices::{BackendChoice, DeviceChoice, KvType, KvTypes, PrefixCache, Spec};
 pub use error::ConfigError;
 pub use layer::ServeLayer;
 pub use thermal::{ThermalSettings, DEFAULT_THERMAL_INTERVAL_MS};
@@ -60,6 +60,8 @@ pub struct ServeConfig {
     pub prompt_cache_ram: Option<u64>,
     /// The disk tier's budget in bytes (on with a state directory).
     pub prompt_cache_disk: u64,
+    /// Speculative decoding (`--spec`).
+    pub spec: Spec,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -180,6 +182,13 @@ impl ServeConfig {
             "prompt_cache_disk_mb",
             l.prompt_cache_disk_mb.unwrap_or(1024),
         )?;
+        let spec = l.spec.unwrap_or(Spec::Ngram);
+        if spec == Spec::Draft {
+            return Err(invalid(
+                "spec",
+                "`draft` (a second model drafting) is not implemented yet; use `ngram` or `off`",
+            ));
+        }
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));
@@ -208,6 +217,7 @@ impl ServeConfig {
             prefix_slots: l.prefix_slots,
             prompt_cache_ram,
             prompt_cache_disk,
+            spec,
             host,
             port: l.port.unwrap_or(8080),
             slots,

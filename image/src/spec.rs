@@ -53,6 +53,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "prefix_slots",
     "prompt_cache_ram_mb",
     "prompt_cache_disk_mb",
+    "spec",
     "chat_template",
     "board",
     "sysfs_root",

@@ -1,4 +1,5 @@
-//! The settings that are a choice among names: prompt reuse, backend, device, KV types.
+//! The settings that are a choice among names: prompt reuse, speculation, backend, device,
+//! KV types.
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,37 @@ impl std::str::FromStr for PrefixCache {
             "exact" => Ok(PrefixCache::Exact),
             "off" => Ok(PrefixCache::Off),
             other => Err(format!("expected `on`, `exact` or `off`, got `{other}`")),
+        }
+    }
+}
+
+/// Speculative decoding (`--spec`), spelled the same as a flag, in the file and in the
+/// environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Spec {
+    /// Prompt lookup: drafts from the request's own prompt and output, no second model.
+    Ngram,
+    /// A second, smaller model drafts. Not implemented yet: refused at startup.
+    Draft,
+    Off,
+}
+
+impl Spec {
+    pub fn enabled(self) -> bool {
+        self == Spec::Ngram
+    }
+}
+
+impl std::str::FromStr for Spec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "ngram" => Ok(Spec::Ngram),
+            "draft" => Ok(Spec::Draft),
+            "off" => Ok(Spec::Off),
+            other => Err(format!("expected `ngram` or `off`, got `{other}`")),
         }
     }
 }

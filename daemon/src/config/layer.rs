@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::choices::{BackendChoice, DeviceChoice, KvTypes, PrefixCache};
+use super::choices::{BackendChoice, DeviceChoice, KvTypes, PrefixCache, Spec};
 
 /// One layer of settings; every field optional so layers can be merged.
 /// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
@@ -127,6 +127,13 @@ pub struct ServeLayer {
     /// on only with a state directory. Default 1024.
     #[arg(long, value_name = "MIB")]
     pub prompt_cache_disk_mb: Option<u64>,
+    /// Speculative decoding (`ngram` or `off`; default ngram). `ngram` drafts the next
+    /// tokens from the request's own prompt and output and verifies them in one step:
+    /// faster where the output quotes the input, and it pauses itself where drafts miss. A
+    /// request opts out with `"speculative": false`. `draft` (a second model) is not
+    /// implemented yet.
+    #[arg(long, value_name = "ngram|off")]
+    pub spec: Option<Spec>,
     /// Board profile to use instead of detecting one (`inferloopd board` shows what
     /// detection picks and why).
     #[arg(long)]

@@ -522,6 +522,42 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
 }
 
 #[test]
+fn speculation_is_ngram_by_default_set_from_any_layer_and_draft_is_refused() {
+    let spec = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
+        ServeConfig::resolve(file_layer, flags, env_layer)
+            .map(|c| c.spec)
+            .map_err(|e| e.to_string())
+    };
+    let none = ServeLayer::default;
+    assert_eq!(spec(None, none(), none()), Ok(Spec::Ngram), "the default");
+    assert_eq!(
+        spec(Some(file("spec = \"off\"\n")), none(), none()),
+        Ok(Spec::Off)
+    );
+    let from_env = env(&[("INFERLOOP_SPEC", "OFF")]);
+    assert_eq!(spec(None, none(), from_env), Ok(Spec::Off));
+    // The flag wins over the environment.
+    let flag = ServeLayer {
+        spec: Some(Spec::Ngram),
+        ..none()
+    };
+    assert_eq!(
+        spec(None, flag, env(&[("INFERLOOP_SPEC", "off")])),
+        Ok(Spec::Ngram)
+    );
+    // A second model is not there yet: said so, by its field.
+    let draft = spec(None, none(), env(&[("INFERLOOP_SPEC", "draft")])).expect_err("not yet");
+    assert!(
+        draft.contains("`spec`") && draft.contains("not implemented yet"),
+        "{draft}"
+    );
+    let err = ServeLayer::from_env(|k| (k == "INFERLOOP_SPEC").then(|| "eagle".into()))
+        .expect_err("no such mode");
+    assert!(err.to_string().contains("INFERLOOP_SPEC"), "{err}");
+    assert!(toml::from_str::<ServeLayer>("spec = \"eagle\"\n").is_err());
+}
+
+#[test]
 fn prefix_slots_come_from_any_layer_are_bounded_and_need_the_cache() {
     let resolve = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
         ServeConfig::resolve(file_layer, flags, env_layer)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ConfigError, KvTypes, PrefixCache, ServeConfig};
+use crate::config::{ConfigError, KvTypes, PrefixCache, ServeConfig, Spec};
 use crate::engine::prompt_cache::{DiskPlan, TiersPlan};
 use crate::metrics::text::TextWriter;
 
@@ -14,6 +14,9 @@ use crate::metrics::text::TextWriter;
 /// micro-batch. One number: a chunk then fits one micro-batch, and the ledger's compute
 /// term (sized by the micro-batch) covers the widest step.
 pub const STEP_TOKENS: u32 = 512;
+
+/// Most drafted tokens one sequence verifies in a step (`--spec`).
+pub const MAX_DRAFT: u32 = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EnginePlan {
@@ -32,7 +35,8 @@ pub struct EnginePlan {
     pub kv_type: KvTypes,
     /// Most prompt tokens fed in one step.
     pub prefill_chunk: u32,
-    /// Most tokens in one step: a prefill chunk plus one decode token per slot.
+    /// Most tokens in one step: a prefill chunk plus one decode token per slot, and with
+    /// speculation up to [`MAX_DRAFT`] drafted ones each.
     pub n_batch: u32,
     /// Widest micro-batch the backend computes at once.
     pub n_ubatch: u32,
@@ -44,6 +48,8 @@ pub struct EnginePlan {
     pub prefix_slots: usize,
     /// The prompt cache's RAM and disk tiers (both off without prompt reuse).
     pub prompt_cache: TiersPlan,
+    /// Speculative decoding (`--spec`).
+    pub spec: Spec,
     #[serde(skip)]
     pub queue_timeout: Duration,
     /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
@@ -69,6 +75,7 @@ pub struct PlanSpec {
     /// The tiers as configured; the RAM tier's default size is set at boot, from the
     /// ledger's headroom.
     pub prompt_cache: TiersPlan,
+    pub spec: Spec,
     pub queue_timeout: Duration,
     pub debug_stall_file: Option<PathBuf>,
 }
@@ -86,6 +93,7 @@ impl PlanSpec {
             prefix_cache: PrefixCache::On,
             prefix_slots: None,
             prompt_cache: TiersPlan::default(),
+            spec: Spec::Ngram,
             queue_timeout: Duration::from_secs(30),
             debug_stall_file: None,
         }
@@ -114,6 +122,7 @@ impl EnginePlan {
                     bytes: config.prompt_cache_disk,
                 }),
             },
+            spec: config.spec,
             queue_timeout: config.queue_timeout,
             debug_stall_file: config.debug_stall_file.clone(),
         })
@@ -150,7 +159,12 @@ impl EnginePlan {
                 ),
             ));
         }
-        let n_batch = STEP_TOKENS + spec.slots as u32;
+        let per_slot = if spec.spec.enabled() {
+            1 + MAX_DRAFT
+        } else {
+            1
+        };
+        let n_batch = STEP_TOKENS + spec.slots as u32 * per_slot;
         Ok(Self {
             slots: spec.slots,
             queue: spec.queue,
@@ -169,6 +183,7 @@ impl EnginePlan {
             } else {
                 TiersPlan::default()
             },
+            spec: spec.spec,
             queue_timeout: spec.queue_timeout,
             debug_stall_file: spec.debug_stall_file,
         })
@@ -321,6 +336,16 @@ mod tests {
     #[test]
     fn a_prefill_chunk_is_one_micro_batch_and_the_batch_adds_a_token_per_slot() {
         let p = plan(4, 2048, None);
-        assert_eq!((p.prefill_chunk, p.n_ubatch, p.n_batch), (512, 512, 516));
+        // With speculation (the default) each slot may verify `MAX_DRAFT` drafts too.
+        assert_eq!((p.prefill_chunk, p.n_ubatch, p.n_batch), (512, 512, 548));
+        let off = EnginePlan::new(PlanSpec {
+            spec: Spec::Off,
+            ..PlanSpec::new(4, 2048)
+        })
+        .expect("valid");
+        assert_eq!(
+            (off.prefill_chunk, off.n_ubatch, off.n_batch),
+            (512, 512, 516)
+        );
     }
 }

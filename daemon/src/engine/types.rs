@@ -104,6 +104,9 @@ pub struct GenerationRequest {
     /// `Some`: an embedding pass, not generation. The prompt is fed once (no prefix reuse,
     /// no sampling, `max_tokens` 0) and answered with [`Event::Embedding`].
     pub embed: Option<Pooling>,
+    /// Speculative decoding may serve it (when the daemon's `--spec` allows); `false` is a
+    /// request's `"speculative": false`.
+    pub speculative: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -145,6 +148,16 @@ pub struct Timings {
     pub predicted_per_second: f64,
     /// Request received → first token sampled (queue + tokenize + prompt eval + first sample).
     pub ttft_ms: f64,
+    /// Drafted tokens verified, and those accepted (llama-server's names; both left out
+    /// when nothing was drafted, as llama-server does).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub draft_n: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub draft_n_accepted: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What the decode thread tells a request, in order: `Admitted`, `Text`* (or one

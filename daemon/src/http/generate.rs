@@ -195,6 +195,7 @@ pub(super) async fn submit(
             sampling: req.sampling,
             received_at,
             embed: None,
+            speculative: req.speculative,
         })
         .await?;
     Ok(Submitted {

@@ -124,6 +124,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
             ),
         },
         "prefix_cache": prefix_cache_status(plan, &state.metrics),
+        "speculative": spec_status(plan, &state.metrics),
         "memory": {
             "fits": state.boot.decision.fits,
             "required_bytes": state.boot.decision.required_bytes,
@@ -184,6 +185,22 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
 }
 
 /// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
+/// `/v1/status` `speculative`: the mode and how much of what was drafted was accepted.
+fn spec_status(
+    plan: &crate::engine::EnginePlan,
+    metrics: &crate::metrics::Metrics,
+) -> serde_json::Value {
+    let drafted = metrics.spec_drafted_tokens_total.get();
+    let accepted = metrics.spec_accepted_tokens_total.get();
+    json!({
+        "mode": plan.spec,
+        "max_draft": crate::engine::plan::MAX_DRAFT,
+        "drafted_tokens_total": drafted,
+        "accepted_tokens_total": accepted,
+        "acceptance_rate": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+    })
+}
+
 fn prefix_cache_status(
     plan: &crate::engine::EnginePlan,
     metrics: &crate::metrics::Metrics,

@@ -32,6 +32,8 @@ pub struct ChatCompletionRequest {
     pub logit_bias: Option<Map<String, Value>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    /// InferLoop extension: `false` opts out of speculative decoding (`--spec`).
+    pub speculative: Option<bool>,
     // Read loosely and checked in `validate`, so that every error names its field.
     pub response_format: Option<Value>,
     pub tools: Option<Value>,
@@ -72,6 +74,8 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     pub logit_bias: Option<Map<String, Value>>,
     pub logprobs: Option<u32>,
+    /// InferLoop extension: `false` opts out of speculative decoding (`--spec`).
+    pub speculative: Option<bool>,
     // OpenAI fields refused unless they ask for nothing.
     pub best_of: Option<u32>,
     pub suffix: Option<String>,

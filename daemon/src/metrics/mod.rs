@@ -183,6 +183,9 @@ pub struct Metrics {
     pub prefix_hit_tokens_total: Counter,
     /// KV cells idle slots hold for reuse.
     pub prefix_retained_cells: Gauge,
+    /// Speculative decoding: drafted tokens verified, and those the model accepted.
+    pub spec_drafted_tokens_total: Counter,
+    pub spec_accepted_tokens_total: Counter,
     pub prompt_cache: PromptCacheSeries,
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
@@ -204,6 +207,8 @@ impl Default for Metrics {
             prefix_lookup_tokens_total: Counter::default(),
             prefix_hit_tokens_total: Counter::default(),
             prefix_retained_cells: Gauge::default(),
+            spec_drafted_tokens_total: Counter::default(),
+            spec_accepted_tokens_total: Counter::default(),
             prompt_cache: PromptCacheSeries::default(),
             ttft_seconds: Histogram::new(LATENCY_BUCKETS.iter().copied()),
             inter_token_seconds: Histogram::new(TOKEN_BUCKETS.iter().copied()),
@@ -278,6 +283,16 @@ impl Metrics {
             "inferloop_prefix_cache_retained_cells",
             "KV cells that idle slots keep for prompt reuse",
             self.prefix_retained_cells.clone(),
+        );
+        r.register(
+            "inferloop_spec_drafted_tokens",
+            "Drafted tokens verified by speculative decoding",
+            self.spec_drafted_tokens_total.clone(),
+        );
+        r.register(
+            "inferloop_spec_accepted_tokens",
+            "Drafted tokens the model accepted (each saved one decode step)",
+            self.spec_accepted_tokens_total.clone(),
         );
         let pc = &self.prompt_cache;
         r.register(
@@ -440,6 +455,12 @@ inferloop_prefix_cache_hit_tokens_total 0
 # HELP inferloop_prefix_cache_retained_cells KV cells that idle slots keep for prompt reuse.
 # TYPE inferloop_prefix_cache_retained_cells gauge
 inferloop_prefix_cache_retained_cells 0
+# HELP inferloop_spec_drafted_tokens_total Drafted tokens verified by speculative decoding.
+# TYPE inferloop_spec_drafted_tokens_total counter
+inferloop_spec_drafted_tokens_total 0
+# HELP inferloop_spec_accepted_tokens_total Drafted tokens the model accepted (each saved one decode step).
+# TYPE inferloop_spec_accepted_tokens_total counter
+inferloop_spec_accepted_tokens_total 0
 # HELP inferloop_ttft_seconds Request received to first token sampled.
 # TYPE inferloop_ttft_seconds histogram
 inferloop_ttft_seconds_bucket{le="0.005"} 0

@@ -20,6 +20,7 @@ mod parity;
 mod prefix;
 mod prompt;
 mod quantize;
+mod spec;
 mod stream;
 mod structured;
 mod template;

@@ -3,18 +3,24 @@
 //! of what the scheduler asked of it. No model needed.
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::logprobs::TokenLogprobs;
-use super::seam::{Backend, BackendError, SeqId, SeqOutcome, StepPlan, Vocab, Work};
+use super::seam::{
+    verify_rows, Backend, BackendError, Sampled, SeqId, SeqOutcome, StepPlan, Vocab, Work,
+};
 use crate::engine::clock::ManualClock;
 use crate::engine::embed::{Pooled, Pooling};
 use crate::engine::types::SamplingParams;
 
 /// The token the fake vocabulary reads as end of generation.
 pub const END: i32 = 2;
+/// [`Control::odd_every`] puts token `ODD_BASE + p` after position `p`: a token that never
+/// recurs, where the cycle of words would be.
+pub const ODD_BASE: i32 = 1000;
 
 /// What a test controls and observes, shared with the backend on the scheduler thread.
 #[derive(Debug, Default)]
@@ -31,6 +37,10 @@ pub struct Control {
     pub fail_restore: bool,
     /// Emit [`END`] once a sequence has generated this many tokens.
     pub end_after: Option<u32>,
+    /// The token after every position `p` with `(p + 1) % n == 0` is `ODD_BASE + p`
+    /// instead of the usual word: a "model" that now and then departs from its cycle, so
+    /// that drafts that follow the cycle are rejected there.
+    pub odd_every: Option<u32>,
     /// The next step reports its start on the first and waits for the second.
     pub hold: Option<(Sender<()>, Receiver<()>)>,
     pub log: Log,
@@ -56,6 +66,15 @@ pub struct Log {
     pub most_prefill: usize,
     /// Steps that fed a prompt chunk and decoded a running stream together.
     pub mixed: u64,
+    /// Verifications: (sequence, drafts fed, drafts accepted).
+    pub verified: Vec<(SeqId, usize, usize)>,
+    /// Steps that verified two sequences or more and fed a prompt chunk too.
+    pub verified_mixed: u64,
+    /// Drafts holding [`END`]: nothing a correct scheduler sends.
+    pub drafted_end: u64,
+    /// Works fed at a position other than the end of what their sequence held:
+    /// (sequence, position fed, positions held). Nothing a correct scheduler does.
+    pub misplaced: Vec<(SeqId, u32, u32)>,
 }
 
 #[derive(Clone)]
@@ -63,6 +82,8 @@ pub struct Fake {
     pub control: Arc<Mutex<Control>>,
     clock: ManualClock,
     generated: Vec<u32>,
+    /// Per sequence, the positions its KV cells hold (`0..held`).
+    held: Vec<u32>,
     /// Per sequence, the `logprobs` it was opened with.
     logprobs: Vec<Option<u8>>,
     /// Per sequence opened for an embedding: rows `[token, pos]` pooled so far.
@@ -75,6 +96,7 @@ impl Fake {
             control: Arc::default(),
             clock,
             generated: vec![0; slots],
+            held: vec![0; slots],
             logprobs: vec![None; slots],
             embeds: vec![None; slots],
         };
@@ -98,6 +120,32 @@ impl Fake {
         let (release, release_rx) = channel();
         self.with(|c| c.hold = Some((entered_tx, release_rx)));
         (entered, release)
+    }
+}
+
+impl Fake {
+    /// The token sampled from the row fed at position `at`: a word that the position alone
+    /// decides (so each run's text is the same), an odd one where `odd_every` says, [`END`]
+    /// past `end_after`.
+    fn sample(&mut self, c: &Control, seq: SeqId, at: u32) -> Sampled {
+        self.generated[seq] += 1;
+        let ended = c.end_after.is_some_and(|n| self.generated[seq] > n);
+        let next = at as i32 + 1;
+        let token = if ended {
+            END
+        } else if c.odd_every.is_some_and(|n| n > 0 && (at + 1) % n == 0) {
+            ODD_BASE + at as i32
+        } else {
+            10 + next % 50
+        };
+        // Asked for: the sampled token at -0.5, then the next ids at -1, -2, …
+        let logprobs = self.logprobs[seq].map(|n| TokenLogprobs {
+            logprob: -0.5,
+            top: (0..i32::from(n))
+                .map(|i| (token + i, -(i as f32) - 0.5))
+                .collect(),
+        });
+        (token, logprobs)
     }
 }
 
@@ -135,7 +183,8 @@ impl Backend for Fake {
             }
         }
         self.clock.advance(step_time);
-        let mut c = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let control = self.control.clone();
+        let mut c = control.lock().unwrap_or_else(|e| e.into_inner());
         c.log.steps += 1;
         c.log.widest = c.log.widest.max(plan.work.len());
         let prefill: usize = plan
@@ -145,58 +194,78 @@ impl Backend for Fake {
             .map(Work::n_tokens)
             .sum();
         c.log.most_prefill = c.log.most_prefill.max(prefill);
-        if prefill > 0 && plan.work.iter().any(|w| matches!(w, Work::Decode { .. })) {
+        if prefill > 0
+            && (plan.work.iter()).any(|w| matches!(w, Work::Decode { .. } | Work::Verify { .. }))
+        {
             c.log.mixed += 1;
         }
+        let verifying = (plan.work.iter())
+            .filter(|w| matches!(w, Work::Verify { .. }))
+            .count();
+        if prefill > 0 && verifying >= 2 {
+            c.log.verified_mixed += 1;
+        }
         let whole = std::mem::take(&mut c.fail_step);
-        plan.work
-            .iter()
-            .map(|w| {
-                let seq = w.seq();
-                if let (Some(pooled), Work::Prefill { tokens, pos, .. }, false) =
-                    (self.embeds[seq].as_mut(), w, whole)
-                {
-                    for (i, &t) in tokens.iter().enumerate() {
-                        pooled.push(&[t as f32, (*pos as usize + i) as f32]);
+        let mut out = Vec::with_capacity(plan.work.len());
+        for w in &plan.work {
+            let seq = w.seq();
+            if let (Some(pooled), Work::Prefill { tokens, pos, .. }, false) =
+                (self.embeds[seq].as_mut(), w, whole)
+            {
+                for (i, &t) in tokens.iter().enumerate() {
+                    pooled.push(&[t as f32, (*pos as usize + i) as f32]);
+                }
+                let embedding = w.samples().then(|| pooled.finish()).flatten();
+                out.push(SeqOutcome {
+                    embedding,
+                    ..SeqOutcome::new(seq, Ok(None))
+                });
+                continue;
+            }
+            if whole {
+                out.push(SeqOutcome::new(
+                    seq,
+                    Err(BackendError::Step("injected step failure".into())),
+                ));
+                continue;
+            }
+            if c.fail_seqs.remove(&seq) {
+                out.push(SeqOutcome::new(
+                    seq,
+                    Err(BackendError::Sequence("injected sequence failure".into())),
+                ));
+                continue;
+            }
+            let (pos, n) = match *w {
+                Work::Decode { pos, .. } => (pos, 1),
+                Work::Prefill { pos, tokens, .. } | Work::Verify { pos, tokens, .. } => {
+                    (pos, tokens.len() as u32)
+                }
+            };
+            if pos != self.held[seq] {
+                c.log.misplaced.push((seq, pos, self.held[seq]));
+            }
+            self.held[seq] = pos + n;
+            let outcome = match *w {
+                Work::Prefill { sample: false, .. } => SeqOutcome::new(seq, Ok(None)),
+                Work::Verify { tokens, pos, .. } => {
+                    if tokens[1..].contains(&END) {
+                        c.log.drafted_end += 1;
                     }
-                    let embedding = w.samples().then(|| pooled.finish()).flatten();
-                    return SeqOutcome {
-                        embedding,
-                        ..SeqOutcome::new(seq, Ok(None))
-                    };
+                    let Ok(produced) = verify_rows::<Infallible>(&tokens[1..], |i| {
+                        Ok(self.sample(&c, seq, pos + i as u32))
+                    });
+                    let accepted = produced.len() - 1;
+                    c.log.verified.push((seq, tokens.len() - 1, accepted));
+                    // The rejected drafts' rows go.
+                    self.held[seq] = pos + produced.len() as u32;
+                    SeqOutcome::produced(seq, produced)
                 }
-                let result = if whole {
-                    Err(BackendError::Step("injected step failure".into()))
-                } else if c.fail_seqs.remove(&seq) {
-                    Err(BackendError::Sequence("injected sequence failure".into()))
-                } else if !w.samples() {
-                    Ok(None)
-                } else {
-                    self.generated[seq] += 1;
-                    let ended = c.end_after.is_some_and(|n| self.generated[seq] > n);
-                    // Token ids 10.. are words; the position makes each run's text the same.
-                    let pos = match w {
-                        Work::Decode { pos, .. } => *pos as i32 + 1,
-                        Work::Prefill { pos, tokens, .. } => *pos as i32 + tokens.len() as i32,
-                    };
-                    Ok(Some(if ended { END } else { 10 + pos % 50 }))
-                };
-                // Asked for: the sampled token at -0.5, then the next ids at -1, -2, …
-                let logprobs = match (&result, self.logprobs[seq]) {
-                    (Ok(Some(t)), Some(n)) => Some(TokenLogprobs {
-                        logprob: -0.5,
-                        top: (0..i32::from(n))
-                            .map(|i| (t + i, -(i as f32) - 0.5))
-                            .collect(),
-                    }),
-                    _ => None,
-                };
-                SeqOutcome {
-                    logprobs,
-                    ..SeqOutcome::new(seq, result)
-                }
-            })
-            .collect()
+                _ => SeqOutcome::sampled(seq, self.sample(&c, seq, pos + n - 1)),
+            };
+            out.push(outcome);
+        }
+        out
     }
 
     fn close(&mut self, seq: SeqId) {
@@ -207,10 +276,12 @@ impl Backend for Fake {
     }
 
     fn truncate(&mut self, seq: SeqId, len: u32) {
+        self.held[seq] = self.held[seq].min(len);
         self.with(|c| c.log.truncated.push((seq, len)));
     }
 
     fn share_prefix(&mut self, src: SeqId, dst: SeqId, len: u32) -> Result<(), BackendError> {
+        self.held[dst] = len.min(self.held[src]);
         self.with(|c| c.log.shared.push((src, dst, len)));
         Ok(())
     }
@@ -238,6 +309,7 @@ impl Backend for Fake {
             c.log.restored.push((seq, len));
             Ok(len)
         })
+        .inspect(|&len| self.held[seq] = len)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The llama.cpp backend: one context on the CPU, every slot a llama.cpp sequence, one
 //! `llama_decode` per step over the plan's tokens, a llama.cpp sampler chain per sequence.
 
+use std::convert::Infallible;
 use std::num::NonZeroU32;
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
@@ -15,8 +16,8 @@ use super::llama_embed as embed;
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
 use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
 use super::seam::{
-    step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Vocab,
-    Work,
+    step_split, verify_rows, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome,
+    StepPlan, Vocab, Work,
 };
 use crate::config::{KvType, KvTypes};
 use crate::engine::chat::model::LoadedModel;
@@ -165,32 +166,38 @@ impl<'m> LlamaCpp<'m> {
         if let Err(e) = self.ctx.decode(&mut self.batch) {
             return failed(e.to_string());
         }
-        plan.work
-            .iter()
-            .zip(logits)
-            .map(|(work, at)| {
-                let seq = work.seq();
-                match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
-                    (None, _) => SeqOutcome::new(seq, Ok(None)),
-                    (Some(idx), Some(sampler)) => {
-                        let (token, logprobs) = sampler.sample(&self.ctx, idx, &mut self.row);
-                        SeqOutcome {
-                            logprobs,
-                            ..SeqOutcome::new(seq, Ok(Some(token)))
-                        }
+        let mut outcomes = Vec::with_capacity(plan.work.len());
+        for (work, at) in plan.work.iter().zip(logits) {
+            let seq = work.seq();
+            let outcome = match (at, self.samplers.get_mut(seq).and_then(Option::as_mut)) {
+                (None, _) => SeqOutcome::new(seq, Ok(None)),
+                (Some(idx), Some(sampler)) => match *work {
+                    Work::Verify { tokens, pos, .. } => {
+                        // Row `i` of the verification is batch index `idx + i`.
+                        let (ctx, row) = (&self.ctx, &mut self.row);
+                        let Ok(produced) = verify_rows::<Infallible>(&tokens[1..], |i| {
+                            Ok(sampler.sample(ctx, idx + i as i32, row))
+                        });
+                        // The rejected drafts' rows go; the sequence holds what it produced.
+                        self.truncate(seq, pos + produced.len() as u32);
+                        SeqOutcome::produced(seq, produced)
                     }
-                    (Some(_), None) => SeqOutcome::new(
-                        seq,
-                        Err(BackendError::Sequence(format!(
-                            "sequence {seq} was not opened"
-                        ))),
-                    ),
-                }
-            })
-            .collect()
+                    _ => SeqOutcome::sampled(seq, sampler.sample(&self.ctx, idx, &mut self.row)),
+                },
+                (Some(_), None) => SeqOutcome::new(
+                    seq,
+                    Err(BackendError::Sequence(format!(
+                        "sequence {seq} was not opened"
+                    ))),
+                ),
+            };
+            outcomes.push(outcome);
+        }
+        outcomes
     }
 
-    /// Fills the batch in plan order; returns, per work, the batch index of its logits.
+    /// Fills the batch in plan order; returns, per work, the batch index of its logits (of
+    /// its first row, for a verification: one row per token).
     fn fill(&mut self, plan: &StepPlan<'_>) -> Result<Vec<Option<i32>>, BatchAddError> {
         self.batch.clear();
         let mut logits = Vec::with_capacity(plan.work.len());
@@ -211,6 +218,15 @@ impl<'m> LlamaCpp<'m> {
                         self.batch
                             .add(LlamaToken(*t), pos as i32 + i as i32, &seq, last)?;
                     }
+                }
+                Work::Verify { tokens, pos, .. } => {
+                    let first = self.batch.n_tokens();
+                    for (i, t) in tokens.iter().enumerate() {
+                        self.batch
+                            .add(LlamaToken(*t), pos as i32 + i as i32, &seq, true)?;
+                    }
+                    logits.push(Some(first));
+                    continue;
                 }
             }
             logits.push(work.samples().then(|| self.batch.n_tokens() - 1));

@@ -95,19 +95,32 @@ pub enum Work<'a> {
         pos: u32,
         sample: bool,
     },
+    /// Speculative decoding: feed `tokens` at positions `pos..pos + tokens.len()`, the
+    /// token sampled last step followed by drafted ones, and sample after each row in turn
+    /// with the sequence's own sampler chain, as [`Decode`](Work::Decode) would: a draft is
+    /// accepted while the token sampled before it equals it, and verification stops at the
+    /// first difference (or after the last draft, with a bonus token). The outcome carries
+    /// every token produced ([`SeqOutcome::tokens`]); the backend drops the KV rows of the
+    /// rejected drafts, so the sequence then holds `0..pos + produced`. See
+    /// [`verify_rows`] for why this keeps the target model's distribution.
+    Verify {
+        seq: SeqId,
+        tokens: &'a [i32],
+        pos: u32,
+    },
 }
 
 impl Work<'_> {
     pub fn seq(&self) -> SeqId {
         match self {
-            Work::Decode { seq, .. } | Work::Prefill { seq, .. } => *seq,
+            Work::Decode { seq, .. } | Work::Prefill { seq, .. } | Work::Verify { seq, .. } => *seq,
         }
     }
 
     /// Whether the backend must return a token for this work.
     pub fn samples(&self) -> bool {
         match self {
-            Work::Decode { .. } => true,
+            Work::Decode { .. } | Work::Verify { .. } => true,
             Work::Prefill { sample, .. } => *sample,
         }
     }
@@ -116,9 +129,45 @@ impl Work<'_> {
     pub fn n_tokens(&self) -> usize {
         match self {
             Work::Decode { .. } => 1,
-            Work::Prefill { tokens, .. } => tokens.len(),
+            Work::Prefill { tokens, .. } | Work::Verify { tokens, .. } => tokens.len(),
         }
     }
+}
+
+/// One sampled token and, when the sequence asked for them, its log-probabilities.
+pub type Sampled = (i32, Option<TokenLogprobs>);
+
+/// The acceptance rule of a [`Work::Verify`] whose `tokens[1..]` are `drafts`: `sample(i)`
+/// samples, with the sequence's chain, from the logits of row `i` (the row fed `tokens[i]`),
+/// and is called for rows `0, 1, …` in turn until a sampled token differs from the draft
+/// after its row, or for every row. Returns the tokens produced: the accepted drafts and
+/// then the token sampled where verification stopped (a bonus token when every draft was
+/// accepted). Rows past `produced.len() - 1` hold rejected drafts; the caller drops them.
+///
+/// Why the output keeps the target's distribution exactly: the standard rule for a draft
+/// `d` from a draft distribution `q` accepts with probability `min(1, p(d)/q(d))` and
+/// otherwise samples from `norm(max(0, p − q))`. A prompt-lookup draft is deterministic,
+/// `q = δ(d)`: it is accepted with probability `p(d)`, and on rejection the residual
+/// `max(0, p − δ(d))` is `p` with `d` removed, normalised. "Sample `x ~ p`; accept if
+/// `x == d`, else emit `x`" has exactly that law: `x == d` with probability `p(d)`, and
+/// given `x ≠ d`, `x` follows `p` without `d`. Sampling this way also consumes the chain
+/// exactly as plain decoding does: one sample (one draw of its random stream, one token
+/// into its penalty window and grammar) per emitted token, and none for a rejected draft,
+/// so no sampler state has to be rolled back. At temperature 0 every sample is the
+/// target's argmax at its position, so the accepted tokens are the target's own.
+pub fn verify_rows<E>(
+    drafts: &[i32],
+    mut sample: impl FnMut(usize) -> Result<Sampled, E>,
+) -> Result<Vec<Sampled>, E> {
+    let mut produced = Vec::with_capacity(drafts.len() + 1);
+    for row in 0..=drafts.len() {
+        let (token, logprobs) = sample(row)?;
+        produced.push((token, logprobs));
+        if drafts.get(row) != Some(&token) {
+            break;
+        }
+    }
+    Ok(produced)
 }
 
 /// Everything one step computes, one work per sequence, in sequence-id order. A backend
@@ -182,12 +231,15 @@ pub fn step_split<'a, B: ?Sized>(
 /// The result of one work: the sampled token when the work [`samples`](Work::samples),
 /// `None` for a prompt chunk that does not end its prompt, or why it failed; with the
 /// sampled token's log-probabilities when the sequence was opened with
-/// [`SamplingParams::logprobs`].
+/// [`SamplingParams::logprobs`]. A [`Work::Verify`] may produce more than one token: the
+/// first is in `result` and `logprobs` like any other, the rest in `more`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeqOutcome {
     pub seq: SeqId,
     pub result: Result<Option<i32>, BackendError>,
     pub logprobs: Option<TokenLogprobs>,
+    /// Tokens produced after the first by a verification, in order.
+    pub more: Vec<Sampled>,
     /// An embedding sequence's pooled, normalised vector, on the work that ends its prompt.
     pub embedding: Option<Vec<f32>>,
 }
@@ -198,7 +250,41 @@ impl SeqOutcome {
             seq,
             result,
             logprobs: None,
+            more: Vec::new(),
             embedding: None,
+        }
+    }
+
+    /// One sampled token with its log-probabilities.
+    pub fn sampled(seq: SeqId, (token, logprobs): Sampled) -> Self {
+        Self {
+            logprobs,
+            ..Self::new(seq, Ok(Some(token)))
+        }
+    }
+
+    /// Every token a verification produced, in order (at least one).
+    pub fn produced(seq: SeqId, produced: Vec<Sampled>) -> Self {
+        let mut rest = produced.into_iter();
+        match rest.next() {
+            None => Self::new(
+                seq,
+                Err(BackendError::Sequence(
+                    "a verification produced no token".into(),
+                )),
+            ),
+            Some(first) => Self {
+                more: rest.collect(),
+                ..Self::sampled(seq, first)
+            },
+        }
+    }
+
+    /// Tokens this outcome carries: 0, 1, or more after a verification.
+    pub fn n_tokens(&self) -> usize {
+        match self.result {
+            Ok(Some(_)) => 1 + self.more.len(),
+            _ => 0,
         }
     }
 }
@@ -357,5 +443,37 @@ mod tests {
             .map(Work::seq)
             .collect();
         assert_eq!(sampling, vec![0]);
+    }
+
+    /// The target "model" samples `target[row]` from row `row`; returns what was produced
+    /// and how many rows were sampled.
+    fn verify(drafts: &[i32], target: &[i32]) -> (Vec<i32>, usize) {
+        let mut sampled = 0;
+        let Ok(produced) = verify_rows::<std::convert::Infallible>(drafts, |row| {
+            sampled += 1;
+            Ok((target[row], None))
+        });
+        (produced.into_iter().map(|(t, _)| t).collect(), sampled)
+    }
+
+    #[test]
+    fn verification_accepts_drafts_up_to_the_first_difference() {
+        // Every draft accepted: the row after the last gives a bonus token.
+        assert_eq!(verify(&[5, 6, 7], &[5, 6, 7, 8]), (vec![5, 6, 7, 8], 4));
+        // Rejected at the third: the target's own token there, and no row sampled after it
+        // (its sampler state must not move past what is emitted).
+        assert_eq!(verify(&[5, 6, 7], &[5, 6, 9, 8]), (vec![5, 6, 9], 3));
+        assert_eq!(verify(&[5, 6, 7], &[4, 6, 7, 8]), (vec![4], 1));
+        // No draft: a plain decode.
+        assert_eq!(verify(&[], &[3]), (vec![3], 1));
+    }
+
+    #[test]
+    fn an_outcome_carries_every_produced_token_in_order() {
+        let o = SeqOutcome::produced(3, vec![(5, None), (6, None), (9, None)]);
+        assert_eq!((o.seq, o.result.clone(), o.n_tokens()), (3, Ok(Some(5)), 3));
+        assert_eq!(o.more.iter().map(|t| t.0).collect::<Vec<_>>(), vec![6, 9]);
+        assert_eq!(SeqOutcome::new(1, Ok(None)).n_tokens(), 0);
+        assert!(SeqOutcome::produced(1, Vec::new()).result.is_err());
     }
 }

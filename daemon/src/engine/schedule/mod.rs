@@ -8,6 +8,7 @@
 //! - [`state`]: the queue and the slots, admission by slots and KV cells.
 //! - [`sequence`]: one request's life in a slot, phase by phase.
 //! - [`prefix`]: the index of resident prompt prefixes.
+//! - [`speculate`]: prompt-lookup drafts, checked by a verifying step.
 //! - [`text`]: sampled tokens to UTF-8 text, held back at a possible stop string.
 
 pub mod command;
@@ -17,6 +18,9 @@ pub mod scheduler;
 #[cfg(test)]
 mod scheduler_tests;
 pub mod sequence;
+pub mod speculate;
+#[cfg(test)]
+mod speculate_tests;
 pub mod state;
 #[cfg(test)]
 mod state_tests;

@@ -17,7 +17,7 @@ use super::command::Command;
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
-use crate::engine::backend::seam::{Backend, StepPlan, Vocab, Work};
+use crate::engine::backend::seam::{Backend, SeqOutcome, StepPlan, Vocab, Work};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;
 use crate::engine::prompt_cache::PromptStore;
@@ -269,6 +269,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 self.state.release(slot);
                 continue;
             }
+            if self.plan.spec.enabled() {
+                seq.speculate();
+            }
             self.metrics
                 .prompt_tokens_total
                 .inc_by(seq.prompt.len() as u64);
@@ -285,6 +288,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// One step over every active sequence, then its outcomes applied in plan order.
     fn step(&mut self) {
         self.resolve_awaiting();
+        for seq in self.seqs.iter_mut().flatten() {
+            seq.draft(self.vocab);
+        }
         let plan = plan_step(
             &self.seqs,
             self.plan.prefill_chunk as usize,
@@ -324,18 +330,36 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             let outcome = outcomes.get(i).filter(|o| o.seq == slot);
             let result = outcome.map(|o| &o.result);
             let logprobs = outcome.and_then(|o| o.logprobs.as_ref());
+            // A verification keeps the rows of the tokens it produced (the last sampled
+            // token and the accepted drafts); anything else keeps what it fed.
+            let verified = matches!(
+                (result, &seq.phase),
+                (Some(Ok(Some(_))), Phase::Decoding { .. }) if !seq.verify.is_empty()
+            );
+            let kept = if verified {
+                outcome.map_or(1, SeqOutcome::n_tokens).clamp(1, n)
+            } else {
+                n
+            };
             // An embedding pass's cells are not indexed: llama.cpp computes it in its own
             // context, so the slot's cells never hold it.
             if let (Some(Ok(_)), None) = (result, seq.embed) {
                 match seq.phase {
-                    Phase::Decoding { next } => self.prefix.fed(slot, &[next], false),
+                    Phase::Decoding { next } if seq.verify.is_empty() => {
+                        self.prefix.fed(slot, &[next], false)
+                    }
+                    Phase::Decoding { .. } => self.prefix.fed(slot, &seq.verify[..kept], false),
                     Phase::Prefill { fed } => {
                         self.prefix.fed(slot, &seq.prompt[fed..fed + n], true)
                     }
                     _ => {}
                 }
             }
-            seq.fed(n);
+            seq.fed(kept);
+            if verified {
+                seq.verified(n - 1, kept - 1, &self.metrics);
+            }
+            seq.verify.clear();
             let embedding = outcome.and_then(|o| o.embedding.clone());
             let prompt_done =
                 matches!(seq.phase, Phase::Prefill { fed } if fed == seq.prompt.len());
@@ -348,7 +372,20 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 },
                 Some(Ok(None)) => {}
                 Some(Ok(Some(token))) => {
-                    seq.sampled(*token, logprobs, self.vocab, &self.metrics, now)
+                    seq.sampled(*token, logprobs, self.vocab, &self.metrics, now);
+                    // A verification's further tokens, one at a time as if decoded one per
+                    // step: the text, stop, end and length checks see each; those after
+                    // the sequence finished are dropped.
+                    let more = match outcome {
+                        Some(o) if verified => &o.more[..kept - 1],
+                        _ => &[],
+                    };
+                    for (token, logprobs) in more {
+                        if matches!(seq.phase, Phase::Finishing(_)) {
+                            break;
+                        }
+                        seq.sampled(*token, logprobs.as_ref(), self.vocab, &self.metrics, now);
+                    }
                 }
                 Some(Err(e)) => {
                     tracing::error!(slot, error = %e, "backend failed a sequence");
@@ -455,8 +492,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     }
 }
 
-/// Every decoding sequence gets its next token; prompt chunks share the rest of the step's
-/// budget in slot order, so running streams never wait behind a long prefill. With
+/// Every decoding sequence gets its next token (verifying its draft, when it has one);
+/// prompt chunks share the rest of the step's budget in slot order, so running streams
+/// never wait behind a long prefill. With
 /// `aligned` runs (exact reuse, or none) a prompt's runs end where exact reuse needs them.
 fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, aligned: bool) -> StepPlan<'_> {
     let active = || {
@@ -467,10 +505,18 @@ fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, aligned: bool) -> 
     let mut work = Vec::new();
     for (slot, seq) in active() {
         if let Phase::Decoding { next } = seq.phase {
-            work.push(Work::Decode {
-                seq: slot,
-                token: next,
-                pos: seq.pos,
+            work.push(if seq.verify.is_empty() {
+                Work::Decode {
+                    seq: slot,
+                    token: next,
+                    pos: seq.pos,
+                }
+            } else {
+                Work::Verify {
+                    seq: slot,
+                    tokens: &seq.verify,
+                    pos: seq.pos,
+                }
             });
         }
     }

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::command::Command;
 use super::scheduler::Scheduler;
 use super::thread;
-use crate::config::PrefixCache;
+use crate::config::{PrefixCache, Spec};
 use crate::engine::backend::fake::{Fake, FakeVocab};
 use crate::engine::clock::{Clock, ManualClock};
 use crate::engine::plan::{EnginePlan, STEP_TOKENS};
@@ -47,6 +47,8 @@ pub(super) fn plan(slots: usize, queue: usize) -> EnginePlan {
         prefix_cache: PrefixCache::On,
         prefix_slots: 0,
         prompt_cache: TiersPlan::default(),
+        // Speculation changes how many steps a request takes: its own tests turn it on.
+        spec: Spec::Off,
         queue_timeout: Duration::from_secs(10),
         debug_stall_file: None,
     }
@@ -103,6 +105,7 @@ impl Rig {
             sampling: SamplingParams::default(),
             received_at: self.clock.now(),
             embed: None,
+            speculative: true,
         }
     }
 
@@ -748,6 +751,7 @@ fn request(prompt: usize, max_tokens: u32, clock: &thread::Handle) -> Generation
         sampling: SamplingParams::default(),
         received_at: clock.now(),
         embed: None,
+        speculative: true,
     }
 }
 

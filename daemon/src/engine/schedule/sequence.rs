@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::speculate::Drafter;
 use super::state::Waiter;
 use super::text::TextStream;
 use crate::engine::backend::logprobs::TokenLogprobs;
@@ -46,6 +47,15 @@ pub struct Sequence {
     pub sampling: SamplingParams,
     /// An embedding pass: fed once, answered with its vector (see [`Sequence::embedded`]).
     pub embed: Option<Pooling>,
+    /// The request allows speculative decoding.
+    pub speculative: bool,
+    /// Drafting state while speculating; `None` decodes a token per step.
+    pub drafter: Option<Drafter>,
+    /// The prompt, then every token generated (kept while speculating: drafts come from it).
+    history: Vec<i32>,
+    /// This step's verification: the last sampled token, then the draft (empty: a plain
+    /// decode).
+    pub verify: Vec<i32>,
     max_tokens: u32,
     text: TextStream,
     /// Log-probabilities not sent yet, each with the offset of its token's first byte in
@@ -88,6 +98,10 @@ impl Sequence {
             prompt: request.prompt_tokens,
             sampling: request.sampling,
             embed: request.embed,
+            speculative: request.speculative,
+            drafter: None,
+            history: Vec::new(),
+            verify: Vec::new(),
             max_tokens: request.max_tokens,
             text: TextStream::new(request.stop),
             pending: VecDeque::new(),
@@ -132,6 +146,50 @@ impl Sequence {
 
     pub fn end(&mut self, end: End) {
         self.phase = Phase::Finishing(end);
+    }
+
+    /// Drafts from here on (the daemon speculates and the request allows it).
+    pub fn speculate(&mut self) {
+        if self.speculative && self.embed.is_none() {
+            self.drafter = Some(Drafter::default());
+            self.history.clone_from(&self.prompt);
+        }
+    }
+
+    /// Fills [`verify`](Self::verify) for the next step: the token to feed and a draft after
+    /// it, or nothing when there is no draft. A draft never proposes more than the tokens
+    /// left to generate allow, so a verification never produces more than `max_tokens`, and
+    /// stops before an end-of-generation token (the prompt's template holds them): nothing
+    /// is sampled after the end, where a grammar has nothing left to allow.
+    pub fn draft(&mut self, vocab: &dyn Vocab) {
+        self.verify.clear();
+        let (Phase::Decoding { next }, Some(drafter)) = (&self.phase, &self.drafter) else {
+            return;
+        };
+        // The verification produces up to one token more than it drafts.
+        let room = self
+            .max_tokens
+            .saturating_sub(self.generated)
+            .saturating_sub(1) as usize;
+        let mut draft = std::mem::take(&mut self.verify);
+        drafter.propose(&self.history, self.generated, room, &mut draft);
+        if let Some(end) = draft.iter().position(|&t| vocab.is_end(t)) {
+            draft.truncate(end);
+        }
+        if !draft.is_empty() {
+            draft.insert(0, *next);
+        }
+        self.verify = draft;
+    }
+
+    /// This step's verification fed `drafted` drafts and the backend accepted `accepted`.
+    pub fn verified(&mut self, drafted: usize, accepted: usize, metrics: &Metrics) {
+        metrics.spec_drafted_tokens_total.inc_by(drafted as u64);
+        metrics.spec_accepted_tokens_total.inc_by(accepted as u64);
+        let generated = self.generated + accepted as u32 + 1;
+        if let Some(d) = self.drafter.as_mut() {
+            d.observe(drafted, accepted, generated);
+        }
     }
 
     /// Records that `n` more prompt tokens (or the last sampled token) were fed.
@@ -180,6 +238,9 @@ impl Sequence {
         }
         self.generated += 1;
         metrics.generated_tokens_total.inc();
+        if self.drafter.is_some() {
+            self.history.push(token);
+        }
         let bytes = vocab.piece(token);
         if let Some(lp) = logprobs {
             self.pending
@@ -286,6 +347,8 @@ impl Sequence {
             // the tokens after it over the time after it.
             predicted_per_second: per_second(self.generated.saturating_sub(1) as f64, predicted_ms),
             ttft_ms: ms(first.duration_since(self.received_at)),
+            draft_n: self.drafter.as_ref().map_or(0, |d| d.drafted),
+            draft_n_accepted: self.drafter.as_ref().map_or(0, |d| d.accepted),
         }
     }
 }

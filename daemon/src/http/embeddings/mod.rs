@@ -146,6 +146,7 @@ async fn embed_all(
                     sampling: SamplingParams::default(),
                     received_at,
                     embed: Some(pooling),
+                    speculative: false,
                 })
                 .await?;
             pending.push(events);

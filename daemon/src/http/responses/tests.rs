@@ -18,6 +18,14 @@ fn translate(body: Value) -> Result<ValidResponses, InvalidRequest> {
     validate::responses(wire)
 }
 
+#[test]
+fn speculative_false_opts_a_response_out_of_speculation() {
+    let on = translate(json!({"input": "hi"})).expect("valid");
+    assert!(on.request.speculative);
+    let off = translate(json!({"input": "hi", "speculative": false})).expect("valid");
+    assert!(!off.request.speculative);
+}
+
 fn param_of(body: Value) -> String {
     match translate(body) {
         Err(InvalidRequest::Field { param, .. }) => param,

@@ -26,6 +26,8 @@ pub struct ResponsesRequest {
     pub top_p: Option<f32>,
     /// Not in OpenAI's Responses API; accepted as on chat, for reproducible sampling.
     pub seed: Option<i64>,
+    /// InferLoop extension: `false` opts out of speculative decoding (`--spec`).
+    pub speculative: Option<bool>,
     pub metadata: Option<Value>,
     pub stream: Option<bool>,
     // Refused unless they ask for nothing (see `validate::responses`).

@@ -159,6 +159,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         parse_special: false,
         grammar,
         tools,
+        speculative: req.speculative.unwrap_or(true),
     })
 }
 

@@ -66,6 +66,7 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         parse_special: req.parse_special.unwrap_or(false),
         grammar: None,
         tools: None,
+        speculative: req.speculative.unwrap_or(true),
     })
 }
 

@@ -55,4 +55,7 @@ pub struct ValidRequest {
     pub grammar: Option<Grammar>,
     /// The tools the model may call; its output is then parsed for calls.
     pub tools: Option<ToolUse>,
+    /// Speculative decoding may serve it (`"speculative": false` opts out). It changes how
+    /// many steps generation takes, not the distribution of what is generated.
+    pub speculative: bool,
 }

@@ -89,6 +89,7 @@ pub fn responses(req: ResponsesRequest) -> Result<ValidResponses, InvalidRequest
         parse_special: false,
         grammar,
         tools,
+        speculative: req.speculative.unwrap_or(true),
     };
     Ok(ValidResponses { request, echo })
 }

@@ -208,6 +208,33 @@ fn completion_defaults_to_sixteen_tokens_and_accepts_a_one_item_list() {
 }
 
 #[test]
+fn speculative_defaults_to_allowed_opts_out_on_every_route_and_is_typed() {
+    assert!(
+        chat_json(&format!("{{{HELLO}}}"))
+            .expect("valid")
+            .speculative
+    );
+    let off = chat_json(&format!(r#"{{{HELLO},"speculative":false}}"#)).expect("valid");
+    assert!(!off.speculative);
+    let on = chat_json(&format!(r#"{{{HELLO},"speculative":true}}"#)).expect("valid");
+    assert!(on.speculative);
+    let completion_off =
+        completion(parse_json(br#"{"prompt":"a","speculative":false}"#).expect("json"))
+            .expect("valid");
+    assert!(!completion_off.speculative);
+    assert!(
+        completion(parse_json(br#"{"prompt":"a"}"#).expect("json"))
+            .expect("valid")
+            .speculative
+    );
+    // Not a boolean: refused by name, never read as a default.
+    assert_eq!(
+        param_of(chat_json(&format!(r#"{{{HELLO},"speculative":"no"}}"#))),
+        "speculative"
+    );
+}
+
+#[test]
 fn trailing_garbage_after_the_object_is_a_json_error() {
     assert!(matches!(
         chat_json(&format!("{{{HELLO}}} trailing")),

@@ -1,12 +1,15 @@
 //! [`NativeBackend`]: the scheduler's [`Backend`] on the native forward pass. One
 //! [`Model::forward`] per step over the plan's tokens, a Rust [`Sampler`] per sequence.
 
+use std::convert::Infallible;
+
 use super::batch::BatchToken;
 use super::forward::Model;
 use super::sampling::Sampler;
 use super::saved;
 use crate::engine::backend::seam::{
-    step_split, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome, StepPlan, Work,
+    step_split, verify_rows, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome,
+    StepPlan, Work,
 };
 use crate::engine::embed::{Pooled, Pooling};
 use crate::engine::types::SamplingParams;
@@ -61,7 +64,7 @@ impl<'m> NativeBackend<'m> {
         }
         let (tokens, pos): (&[i32], u32) = match work {
             Work::Decode { token, pos, .. } => (std::slice::from_ref(token), *pos),
-            Work::Prefill { tokens, pos, .. } => (tokens, *pos),
+            Work::Prefill { tokens, pos, .. } | Work::Verify { tokens, pos, .. } => (tokens, *pos),
         };
         if pos as usize + tokens.len() > n_ctx {
             return Some(format!(
@@ -169,6 +172,17 @@ impl<'m> NativeBackend<'m> {
                         self.want.push(sample && i + 1 == tokens.len());
                     }
                 }
+                // Logits for every row: each is sampled in turn until a draft is rejected.
+                Work::Verify { tokens, pos, .. } => {
+                    for (i, &token) in tokens.iter().enumerate() {
+                        self.batch.push(BatchToken {
+                            seq,
+                            token,
+                            pos: pos + i as u32,
+                        });
+                        self.want.push(true);
+                    }
+                }
             }
             fed.push(Ok(work.samples()));
         }
@@ -194,33 +208,51 @@ impl<'m> NativeBackend<'m> {
             }
         };
         let mut rows = logits.chunks_exact(n_vocab);
-        let samplers = &mut self.samplers;
-        plan.work
-            .iter()
-            .zip(fed)
-            .map(|(work, fed)| {
-                let seq = work.seq();
-                match fed {
-                    Err(why) => SeqOutcome::new(seq, Err(BackendError::Sequence(why))),
-                    Ok(false) => SeqOutcome::new(seq, Ok(None)),
-                    Ok(true) => match (rows.next(), samplers[seq].as_mut()) {
-                        (Some(row), Some(sampler)) => {
-                            let (token, logprobs) = sampler.sample_reporting(row);
-                            SeqOutcome {
-                                logprobs,
-                                ..SeqOutcome::new(seq, Ok(Some(token)))
-                            }
+        let mut outcomes = Vec::with_capacity(plan.work.len());
+        let mut truncate = Vec::new();
+        for (work, fed) in plan.work.iter().zip(fed) {
+            let seq = work.seq();
+            let no_row = || {
+                SeqOutcome::new(
+                    seq,
+                    Err(BackendError::Step(format!(
+                        "the forward pass returned no logits row for sequence {seq}"
+                    ))),
+                )
+            };
+            let outcome = match fed {
+                Err(why) => SeqOutcome::new(seq, Err(BackendError::Sequence(why))),
+                Ok(false) => SeqOutcome::new(seq, Ok(None)),
+                Ok(true) => {
+                    // A verification asked for every row of its tokens, the rest for one.
+                    let n_rows = match *work {
+                        Work::Verify { tokens, .. } => tokens.len(),
+                        _ => 1,
+                    };
+                    let mine: Vec<&[f32]> = rows.by_ref().take(n_rows).collect();
+                    match (self.samplers[seq].as_mut(), work) {
+                        (None, _) => no_row(),
+                        _ if mine.len() < n_rows => no_row(),
+                        (Some(sampler), &Work::Verify { tokens, pos, .. }) => {
+                            let Ok(produced) = verify_rows::<Infallible>(&tokens[1..], |i| {
+                                Ok(sampler.sample_reporting(mine[i]))
+                            });
+                            truncate.push((seq, pos + produced.len() as u32));
+                            SeqOutcome::produced(seq, produced)
                         }
-                        _ => SeqOutcome::new(
-                            seq,
-                            Err(BackendError::Step(format!(
-                                "the forward pass returned no logits row for sequence {seq}"
-                            ))),
-                        ),
-                    },
+                        (Some(sampler), _) => {
+                            SeqOutcome::sampled(seq, sampler.sample_reporting(mine[0]))
+                        }
+                    }
                 }
-            })
-            .collect()
+            };
+            outcomes.push(outcome);
+        }
+        // The rejected drafts' rows go; each sequence holds what it produced.
+        for (seq, len) in truncate {
+            self.truncate(seq, len);
+        }
+        outcomes
     }
 }
 
@@ -501,6 +533,73 @@ mod tests {
         assert_eq!(last[0].embedding.as_ref(), Some(&whole));
     }
 
+    /// Greedy decoding of `n` tokens after `prompt` on sequence `seq`, one step each.
+    fn decode(b: &mut NativeBackend<'_>, seq: SeqId, prompt: &[i32], n: usize) -> Vec<i32> {
+        let out = b.step(&StepPlan {
+            work: vec![Work::Prefill {
+                seq,
+                tokens: prompt,
+                pos: 0,
+                sample: true,
+            }],
+        });
+        let mut tokens = vec![out[0].result.clone().unwrap().unwrap()];
+        while tokens.len() < n {
+            let pos = (prompt.len() + tokens.len() - 1) as u32;
+            let token = tokens[tokens.len() - 1];
+            let out = b.step(&StepPlan {
+                work: vec![Work::Decode { seq, token, pos }],
+            });
+            tokens.push(out[0].result.clone().unwrap().unwrap());
+        }
+        tokens
+    }
+
+    #[test]
+    fn a_verification_accepts_the_greedy_tokens_and_drops_the_rejected_rows() {
+        let s = synth(Spec::llama(), 5);
+        let prompt = [4, 8, 15, 16, 23, 42];
+        let mut b = NativeBackend::new(model(&s, 2));
+        b.open(0, &greedy()).unwrap();
+        b.open(1, &greedy()).unwrap();
+        let want = decode(&mut b, 0, &prompt, 8);
+        // Sequence 1: the same prompt, then its first token and a draft of the next four
+        // with the third one wrong.
+        decode(&mut b, 1, &prompt, 1);
+        let wrong = (want[3] + 1) % 40;
+        let verify = [want[0], want[1], want[2], wrong, want[4]];
+        let pos = prompt.len() as u32;
+        let out = b.step(&StepPlan {
+            work: vec![Work::Verify {
+                seq: 1,
+                tokens: &verify,
+                pos,
+            }],
+        });
+        // Two drafts accepted, then the model's own token where the third was wrong.
+        let produced: Vec<i32> = std::iter::once(out[0].result.clone().unwrap().unwrap())
+            .chain(out[0].more.iter().map(|t| t.0))
+            .collect();
+        assert_eq!(produced, want[1..4].to_vec());
+        // The cache holds the prompt, the token fed and the two accepted drafts.
+        assert_eq!(b.model().kv().seq_len(1), prompt.len() + 3);
+        // Decoding goes on exactly as without the verification (the native pass computes
+        // each row the same way whatever the batch), and a full acceptance gives a bonus.
+        let verify = [want[3], want[4], want[5]];
+        let out = b.step(&StepPlan {
+            work: vec![Work::Verify {
+                seq: 1,
+                tokens: &verify,
+                pos: pos + 3,
+            }],
+        });
+        let produced: Vec<i32> = std::iter::once(out[0].result.clone().unwrap().unwrap())
+            .chain(out[0].more.iter().map(|t| t.0))
+            .collect();
+        assert_eq!(produced, want[4..7].to_vec());
+        assert_eq!(b.model().kv().seq_len(1), prompt.len() + 6);
+    }
+
     #[test]
     fn a_bad_work_fails_alone_and_the_kv_calls_reach_the_cache() {
         let s = synth(Spec::llama(), 8);
@@ -556,6 +655,7 @@ mod tests {
             prefix_cache: crate::config::PrefixCache::On,
             prefix_slots: 0,
             prompt_cache: Default::default(),
+            spec: crate::config::Spec::Ngram,
             queue_timeout: Duration::from_secs(10),
             debug_stall_file: None,
         };
@@ -581,6 +681,7 @@ mod tests {
             sampling: greedy(),
             received_at: Instant::now(),
             embed: None,
+            speculative: true,
         };
         let mut rxs = Vec::new();
         for prompt in [vec![1, 17, 4, 42], vec![49, 3, 3, 21, 8]] {
