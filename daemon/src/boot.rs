@@ -26,6 +26,13 @@ pub enum BootError {
     /// The slots, context and KV settings do not make a plan (exit 2).
     #[error(transparent)]
     Plan(#[from] ConfigError),
+    /// The draft model cannot draft for this model (exit 2).
+    #[error("draft model {path} cannot draft for {model}: it {why}")]
+    Draft {
+        path: String,
+        model: String,
+        why: inferloop_gguf::VocabMismatch,
+    },
 }
 
 impl From<IntegrityError> for BootError {
@@ -41,7 +48,7 @@ impl BootError {
             Self::Memory(_) => ExitCode::MemoryRefused,
             Self::Model(_) => ExitCode::ModelLoad,
             Self::Select(e) => e.exit_code(),
-            Self::Plan(_) => ExitCode::Usage,
+            Self::Plan(_) | Self::Draft { .. } => ExitCode::Usage,
         }
     }
 }
@@ -74,6 +81,20 @@ pub fn check_integrity(config: &ServeConfig) -> Result<Option<(String, String)>,
     loaded.manifest.check_for_serve(&loaded.path)?;
     let cache = config.state_dir.as_deref().map(VerifyCache::in_dir);
     verify_weights(&config.model, &loaded.manifest.model, cache.as_ref())?;
+    // A manifest vouches for everything the daemon maps: a draft model too.
+    if let Some(draft) = &config.draft_model {
+        let pin = loaded.manifest.draft_model.as_ref().ok_or_else(|| {
+            IntegrityError::BadField {
+                path: loaded.path.display().to_string(),
+                field: "draft_model",
+                message: format!(
+                    "pins no draft model, but {} is configured to draft; pin it (path, sha256, size) or drop --draft-model",
+                    draft.display()
+                ),
+            }
+        })?;
+        verify_weights(draft, pin, cache.as_ref())?;
+    }
     Ok(Some((
         loaded.manifest.model.sha256.clone(),
         loaded.raw_sha256.clone(),
@@ -123,10 +144,12 @@ pub fn check_memory(
     selection: &Selection,
 ) -> Result<Decision, GgufError> {
     let shape = read_shape(&config.model)?;
+    let draft = config.draft_model.as_deref().map(read_shape).transpose()?;
     let limits = read_limits(&config.thermal.roots, config.memory_budget);
     let decide = |plan: &EnginePlan| {
         Decision::new(
             shape.clone(),
+            draft.as_ref(),
             plan,
             selection,
             config.memory_margin,
@@ -163,9 +186,25 @@ pub fn default_ram_tier(plan: &EnginePlan, shape: &inferloop_gguf::ModelShape) -
     (2 * plan.slots as u64 * entry).min(RAM_TIER_MAX) >> 20 << 20
 }
 
+/// A draft model must tokenize exactly like the model it drafts for: a drafted id is
+/// verified as the model's own.
+pub fn check_draft_vocab(config: &ServeConfig) -> Result<(), BootError> {
+    let Some(draft) = &config.draft_model else {
+        return Ok(());
+    };
+    let model = inferloop_gguf::GgufFile::open(&config.model)?;
+    let theirs = inferloop_gguf::GgufFile::open(draft)?;
+    inferloop_gguf::same_vocab(&model, &theirs).map_err(|why| BootError::Draft {
+        path: draft.display().to_string(),
+        model: config.model.display().to_string(),
+        why,
+    })
+}
+
 /// Both gates, in order. Logs the accounting at INFO when it fits.
 pub fn run_gates(config: &ServeConfig) -> Result<Passed, BootError> {
     let pinned = check_integrity(config)?;
+    check_draft_vocab(config)?;
     let mut plan = EnginePlan::from_config(config)?;
     let selection = select_backend(config, &plan)?;
     let decision = check_memory(config, &mut plan, &selection)?;

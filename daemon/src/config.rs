@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub prompt_cache_disk: u64,
     /// Speculative decoding (`--spec`).
     pub spec: Spec,
+    /// The model that drafts for `--spec draft` (set exactly when `spec` is `draft`).
+    pub draft_model: Option<PathBuf>,
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
@@ -182,13 +184,33 @@ impl ServeConfig {
             "prompt_cache_disk_mb",
             l.prompt_cache_disk_mb.unwrap_or(1024),
         )?;
-        let spec = l.spec.unwrap_or(Spec::Ngram);
-        if spec == Spec::Draft {
-            return Err(invalid(
-                "spec",
-                "`draft` (a second model drafting) is not implemented yet; use `ngram` or `off`",
-            ));
-        }
+        // Like the model, the draft model defaults to the one the manifest pins.
+        let draft_model = l
+            .draft_model
+            .or_else(|| match (&manifest, &loaded_manifest) {
+                (Some(path), Some(Ok(loaded))) => loaded.manifest.draft_model_path(path),
+                _ => None,
+            });
+        let spec = l.spec.unwrap_or(if draft_model.is_some() {
+            Spec::Draft
+        } else {
+            Spec::Ngram
+        });
+        let draft_model = match (spec, draft_model) {
+            (Spec::Draft, None) => {
+                return Err(invalid(
+                    "spec",
+                    "`draft` needs a draft model: --draft-model PATH (a smaller model with the same vocabulary)",
+                ))
+            }
+            (Spec::Draft, Some(path)) => Some(path),
+            (_, Some(path)) => {
+                tracing::warn!(draft_model = %path.display(), spec = ?spec,
+                    "a draft model is configured but speculation is not `draft`: it is not loaded");
+                None
+            }
+            (_, None) => None,
+        };
         let queue_timeout_ms = l.queue_timeout_ms.unwrap_or(30_000);
         if queue_timeout_ms == 0 {
             return Err(invalid("queue_timeout_ms", "must be positive"));
@@ -218,6 +240,7 @@ impl ServeConfig {
             prompt_cache_ram,
             prompt_cache_disk,
             spec,
+            draft_model,
             host,
             port: l.port.unwrap_or(8080),
             slots,

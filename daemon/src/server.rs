@@ -227,8 +227,25 @@ fn load_engine(
     if !vocab_only {
         tracing::info!(system_info = %crate::engine::llama_system_info(), "llama.cpp build");
     }
+    // The draft model always runs on llama.cpp: its weights are mapped in full.
+    let draft = match &config.draft_model {
+        None => None,
+        Some(path) => {
+            let t0 = Instant::now();
+            let id = format!("{}-draft", config.model_id);
+            let draft = LoadedModel::load_with(path, id, None, false)?;
+            tracing::info!(
+                path = %path.display(),
+                size_bytes = draft.info().size_bytes,
+                ms = t0.elapsed().as_millis() as u64,
+                "draft model loaded"
+            );
+            Some(Arc::new(draft))
+        }
+    };
     Engine::start(
         model,
+        draft,
         selection.clone(),
         plan,
         metrics,

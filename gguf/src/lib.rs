@@ -13,6 +13,7 @@
 //! - [`tensor`]: [`TensorInfo`] and [`TensorView`].
 //! - [`types`]: [`GgmlType`] with ggml's block sizes and bytes per block.
 //! - [`shape`]: [`ModelShape`], the facts the daemon's memory ledger needs.
+//! - [`vocab`]: [`same_vocab`], whether a draft model's token ids mean the model's.
 //! - [`error`]: [`GgufError`] (path + cause) and [`FormatError`] (offset + what was expected).
 
 pub mod error;
@@ -21,6 +22,7 @@ pub mod shape;
 pub mod tensor;
 pub mod types;
 pub mod value;
+pub mod vocab;
 
 #[cfg(test)]
 mod tests;
@@ -33,6 +35,7 @@ pub use shape::{read_shape, ModelShape};
 pub use tensor::{TensorInfo, TensorView};
 pub use types::{GgmlType, RowError};
 pub use value::{Array, ArrayIter, Value, ValueType};
+pub use vocab::{same_vocab, VocabMismatch};
 
 use parse::{key_of, value_of, Header};
 

@@ -630,3 +630,59 @@ fn read_shape_names_the_path() {
         Some(FormatError::Truncated { what: "magic", .. })
     ));
 }
+
+/// A header with a vocabulary of `tokens` and the given end-of-text id.
+fn with_vocab(tokens: &[&str], eos: u32) -> Vec<u8> {
+    let items: Vec<u8> = tokens.iter().flat_map(|t| string(t)).collect();
+    Builder::new()
+        .llama()
+        .kv("tokenizer.ggml.model", 8, string("gpt2"))
+        .kv("tokenizer.ggml.eos_token_id", 4, eos.to_le_bytes())
+        .kv(
+            "tokenizer.ggml.tokens",
+            9,
+            array(8, tokens.len() as u64, &items),
+        )
+        .build()
+}
+
+#[test]
+fn a_draft_vocabulary_must_match_id_for_id() {
+    let model = with_vocab(&["<s>", "a", "b"], 0);
+    let same = with_vocab(&["<s>", "a", "b"], 0);
+    assert_eq!(
+        same_vocab(&parse(&model).expect("model"), &parse(&same).expect("same")),
+        Ok(())
+    );
+    let check = |other: Vec<u8>| {
+        same_vocab(
+            &parse(&model).expect("model"),
+            &parse(&other).expect("other"),
+        )
+        .expect_err("differs")
+    };
+    assert_eq!(
+        check(with_vocab(&["<s>", "a", "c"], 0)),
+        VocabMismatch::Token {
+            id: 2,
+            ours: "b".into(),
+            theirs: "c".into()
+        }
+    );
+    assert_eq!(
+        check(with_vocab(&["<s>", "a"], 0)),
+        VocabMismatch::Size { ours: 3, theirs: 2 }
+    );
+    let eos = check(with_vocab(&["<s>", "a", "b"], 2));
+    assert_eq!(
+        eos.to_string(),
+        "`tokenizer.ggml.eos_token_id` is 2 where the model has 0"
+    );
+    let none = Builder::new()
+        .llama()
+        .kv("tokenizer.ggml.model", 8, string("gpt2"));
+    let none = none
+        .kv("tokenizer.ggml.eos_token_id", 4, 0u32.to_le_bytes())
+        .build();
+    assert_eq!(check(none), VocabMismatch::NoTokens);
+}

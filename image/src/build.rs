@@ -277,6 +277,7 @@ fn manifest_for(
     Ok(Manifest {
         schema: SCHEMA_VERSION,
         model,
+        draft_model: None,
         image: Some(ImageInfo {
             version: spec.version.clone(),
             compatible: spec.board.name.clone(),

@@ -20,6 +20,10 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Manifest {
     pub schema: u32,
     pub model: ModelPin,
+    /// The smaller model that drafts for speculative decoding (`inferloopd serve
+    /// --spec draft`), pinned the same way as `model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<ModelPin>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageInfo>,
     /// Only in the copy written beside the image: see [`crate::image`].
@@ -280,29 +284,58 @@ impl Manifest {
             field,
             message: message.to_string(),
         };
-        if self.model.path.trim().is_empty() {
-            return Err(bad("model.path", "must not be empty"));
-        }
-        if !is_sha256_hex(&self.model.sha256) {
-            return Err(bad("model.sha256", "must be 64 lowercase hex digits"));
-        }
-        if self.model.size == 0 {
-            return Err(bad("model.size", "must be positive"));
+        let pins = [
+            ("model", Some(&self.model)),
+            ("draft_model", self.draft_model.as_ref()),
+        ];
+        for (name, pin) in pins {
+            let Some(pin) = pin else { continue };
+            let field = |f: &str| -> &'static str {
+                match (name, f) {
+                    ("model", "path") => "model.path",
+                    ("model", "sha256") => "model.sha256",
+                    ("model", _) => "model.size",
+                    (_, "path") => "draft_model.path",
+                    (_, "sha256") => "draft_model.sha256",
+                    _ => "draft_model.size",
+                }
+            };
+            if pin.path.trim().is_empty() {
+                return Err(bad(field("path"), "must not be empty"));
+            }
+            if !is_sha256_hex(&pin.sha256) {
+                return Err(bad(field("sha256"), "must be 64 lowercase hex digits"));
+            }
+            if pin.size == 0 {
+                return Err(bad(field("size"), "must be positive"));
+            }
         }
         Ok(())
     }
 
     /// The pinned weights' location, resolving a relative path against the manifest's folder.
     pub fn model_path(&self, manifest_path: &Path) -> PathBuf {
-        let p = Path::new(&self.model.path);
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            manifest_path
-                .parent()
-                .unwrap_or_else(|| Path::new("."))
-                .join(p)
-        }
+        pin_path(&self.model, manifest_path)
+    }
+
+    /// The pinned draft model's location, when the manifest pins one.
+    pub fn draft_model_path(&self, manifest_path: &Path) -> Option<PathBuf> {
+        self.draft_model
+            .as_ref()
+            .map(|pin| pin_path(pin, manifest_path))
+    }
+}
+
+/// A pin's path, a relative one resolved against the manifest's folder.
+fn pin_path(pin: &ModelPin, manifest_path: &Path) -> PathBuf {
+    let p = Path::new(&pin.path);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        manifest_path
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join(p)
     }
 }
 

@@ -54,14 +54,14 @@ impl std::str::FromStr for PrefixCache {
 pub enum Spec {
     /// Prompt lookup: drafts from the request's own prompt and output, no second model.
     Ngram,
-    /// A second, smaller model drafts. Not implemented yet: refused at startup.
+    /// A second, smaller model with the same vocabulary drafts (`--draft-model`).
     Draft,
     Off,
 }
 
 impl Spec {
     pub fn enabled(self) -> bool {
-        self == Spec::Ngram
+        self != Spec::Off
     }
 }
 
@@ -73,7 +73,7 @@ impl std::str::FromStr for Spec {
             "ngram" => Ok(Spec::Ngram),
             "draft" => Ok(Spec::Draft),
             "off" => Ok(Spec::Off),
-            other => Err(format!("expected `ngram` or `off`, got `{other}`")),
+            other => Err(format!("expected `ngram`, `draft` or `off`, got `{other}`")),
         }
     }
 }

@@ -127,13 +127,18 @@ pub struct ServeLayer {
     /// on only with a state directory. Default 1024.
     #[arg(long, value_name = "MIB")]
     pub prompt_cache_disk_mb: Option<u64>,
-    /// Speculative decoding (`ngram` or `off`; default ngram). `ngram` drafts the next
-    /// tokens from the request's own prompt and output and verifies them in one step:
-    /// faster where the output quotes the input, and it pauses itself where drafts miss. A
-    /// request opts out with `"speculative": false`. `draft` (a second model) is not
-    /// implemented yet.
-    #[arg(long, value_name = "ngram|off")]
+    /// Speculative decoding (`ngram`, `draft` or `off`; default `draft` with a draft
+    /// model, else `ngram`). `ngram` drafts the next tokens from the request's own prompt
+    /// and output, `draft` with the smaller `--draft-model`; either way one step verifies
+    /// them, keeping the model's own output: faster where drafts hit, and drafting pauses
+    /// itself where they keep missing. A request opts out with `"speculative": false`.
+    #[arg(long, value_name = "ngram|draft|off")]
     pub spec: Option<Spec>,
+    /// A smaller model with the same vocabulary that drafts for `--spec draft` (checked at
+    /// load; pinned by the manifest's `draft_model` when a manifest is used; counted by
+    /// the memory ledger).
+    #[arg(long, value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
     /// Board profile to use instead of detecting one (`inferloopd board` shows what
     /// detection picks and why).
     #[arg(long)]

@@ -522,7 +522,7 @@ fn prefix_cache_is_on_by_default_and_switched_off_from_any_layer() {
 }
 
 #[test]
-fn speculation_is_ngram_by_default_set_from_any_layer_and_draft_is_refused() {
+fn speculation_is_ngram_by_default_set_from_any_layer_and_draft_needs_a_draft_model() {
     let spec = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
         ServeConfig::resolve(file_layer, flags, env_layer)
             .map(|c| c.spec)
@@ -545,12 +545,38 @@ fn speculation_is_ngram_by_default_set_from_any_layer_and_draft_is_refused() {
         spec(None, flag, env(&[("INFERLOOP_SPEC", "off")])),
         Ok(Spec::Ngram)
     );
-    // A second model is not there yet: said so, by its field.
-    let draft = spec(None, none(), env(&[("INFERLOOP_SPEC", "draft")])).expect_err("not yet");
+    // `draft` without a model to draft with is refused, by its field.
+    let draft = spec(None, none(), env(&[("INFERLOOP_SPEC", "draft")])).expect_err("no model");
     assert!(
-        draft.contains("`spec`") && draft.contains("not implemented yet"),
+        draft.contains("`spec`") && draft.contains("--draft-model"),
         "{draft}"
     );
+    // A draft model makes `draft` the default, from any layer; an explicit mode wins and
+    // leaves the draft model unloaded.
+    let resolve = |file_layer: Option<ServeLayer>, flags: ServeLayer, env_layer: ServeLayer| {
+        ServeConfig::resolve(file_layer, flags, env_layer)
+            .map(|c| (c.spec, c.draft_model))
+            .map_err(|e| e.to_string())
+    };
+    let small = Some(std::path::PathBuf::from("small.gguf"));
+    assert_eq!(
+        resolve(
+            None,
+            none(),
+            env(&[("INFERLOOP_DRAFT_MODEL", "small.gguf")])
+        ),
+        Ok((Spec::Draft, small.clone()))
+    );
+    assert_eq!(
+        resolve(Some(file("draft_model = \"small.gguf\"\n")), none(), none()),
+        Ok((Spec::Draft, small.clone()))
+    );
+    let off_with_model = ServeLayer {
+        spec: Some(Spec::Off),
+        draft_model: small.clone(),
+        ..none()
+    };
+    assert_eq!(resolve(None, off_with_model, none()), Ok((Spec::Off, None)));
     let err = ServeLayer::from_env(|k| (k == "INFERLOOP_SPEC").then(|| "eagle".into()))
         .expect_err("no such mode");
     assert!(err.to_string().contains("INFERLOOP_SPEC"), "{err}");

@@ -32,9 +32,11 @@ impl Engine {
     /// itself: [`Capabilities::own_weights`]). Returns once the backend exists, so a failure
     /// here is a start-up failure, not a request failure. `thermal` lowers the admission cap
     /// while the board is hot and refuses new work when critical. `weights_sha256`, once
-    /// set, keys the prompt cache's disk tier.
+    /// set, keys the prompt cache's disk tier. `draft`, with `--spec draft`, is the model
+    /// that drafts; it runs on llama.cpp in a context of its own.
     pub fn start(
         model: Arc<LoadedModel>,
+        draft: Option<Arc<LoadedModel>>,
         selection: Selection,
         plan: EnginePlan,
         metrics: Arc<Metrics>,
@@ -53,10 +55,16 @@ impl Engine {
             weights_sha256,
             move |runner| {
                 let model = thread_model;
-                match open::open(&thread_selection, &thread_plan, &model) {
-                    Ok(backend) => runner.run(backend, &*model),
-                    Err(e) => runner.fail(e),
+                let backend = match open::open(&thread_selection, &thread_plan, &model) {
+                    Ok(backend) => backend,
+                    Err(e) => return runner.fail(e),
                 };
+                let drafter = match draft.as_deref().map(|d| open::open_draft(d, &thread_plan)) {
+                    None => None,
+                    Some(Ok(drafter)) => Some(drafter),
+                    Some(Err(e)) => return runner.fail(e),
+                };
+                runner.run(backend, &*model, drafter);
             },
         )?;
         Ok(Self {

@@ -218,6 +218,20 @@ impl EnginePlan {
         );
     }
 
+    /// The draft model's context (`--spec draft`): the same sequences and batch, one pool of
+    /// `slots × ctx` cells (at most `slots` sequences draft at once, and a sequence's cells
+    /// are freed when its request leaves its slot), no prompt reuse of its own.
+    pub fn draft_plan(&self) -> EnginePlan {
+        let full = self.full_cells().min(u64::from(u32::MAX)) as u32;
+        EnginePlan {
+            kv_cells: full,
+            shared_kv: true,
+            prefix_cache: PrefixCache::Off,
+            prompt_cache: TiersPlan::default(),
+            ..self.clone()
+        }
+    }
+
     /// Backend sequences: the slots, then the prefix slots.
     pub fn sequences(&self) -> usize {
         self.slots + self.prefix_slots

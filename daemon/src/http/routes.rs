@@ -124,7 +124,7 @@ pub async fn status(State(state): State<AppState>) -> Response {
             ),
         },
         "prefix_cache": prefix_cache_status(plan, &state.metrics),
-        "speculative": spec_status(plan, &state.metrics),
+        "speculative": spec_status(plan, state.config.draft_model.as_deref(), &state.metrics),
         "memory": {
             "fits": state.boot.decision.fits,
             "required_bytes": state.boot.decision.required_bytes,
@@ -186,14 +186,17 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
 
 /// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
 /// `/v1/status` `speculative`: the mode and how much of what was drafted was accepted.
+/// With `--spec draft`, also the draft model's path.
 fn spec_status(
     plan: &crate::engine::EnginePlan,
+    draft_model: Option<&std::path::Path>,
     metrics: &crate::metrics::Metrics,
 ) -> serde_json::Value {
     let drafted = metrics.spec_drafted_tokens_total.get();
     let accepted = metrics.spec_accepted_tokens_total.get();
     json!({
         "mode": plan.spec,
+        "draft_model": draft_model.map(|p| p.display().to_string()),
         "max_draft": crate::engine::plan::MAX_DRAFT,
         "drafted_tokens_total": drafted,
         "accepted_tokens_total": accepted,

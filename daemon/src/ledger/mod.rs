@@ -108,9 +108,11 @@ pub struct SizedPlan {
 }
 
 impl Decision {
-    /// The ledger of `selection`'s backend for `plan` on this model, against `limits`.
+    /// The ledger of `selection`'s backend for `plan` on this model (and its draft model's
+    /// lines, with one), against `limits`.
     pub fn new(
         shape: ModelShape,
+        draft: Option<&ModelShape>,
         plan: &EnginePlan,
         selection: &Selection,
         margin_bytes: Option<u64>,
@@ -118,6 +120,11 @@ impl Decision {
     ) -> Self {
         let mut footprint = selection.footprint(&shape, plan);
         footprint.terms.extend(prompt_cache_term(&shape, plan));
+        if let Some(draft) = draft {
+            footprint
+                .terms
+                .extend(crate::engine::footprint::draft(draft, plan));
+        }
         let ledger = Ledger::new(footprint, margin_bytes);
         let plan = SizedPlan {
             engine: plan.clone(),

@@ -34,6 +34,14 @@ fn plan(slots: usize, ctx: u32) -> EnginePlan {
     EnginePlan::new(spec(slots, ctx)).expect("valid plan")
 }
 
+fn unspeculative(slots: usize, ctx: u32) -> EnginePlan {
+    EnginePlan::new(PlanSpec {
+        spec: crate::config::Spec::Off,
+        ..spec(slots, ctx)
+    })
+    .expect("valid plan")
+}
+
 fn llama() -> Selection {
     Selection {
         backend: BackendKind::LlamaCpp,
@@ -200,6 +208,7 @@ fn reserved_compute_is_close_to_llama_cpp_figure() {
 /// holding a prompt that nearly fills its context, prefilled in 512-token micro-batches
 /// next to the other slots' decode steps. `touched`: anonymous pages that appeared in
 /// llama.cpp's compute buffer during the run (from /proc/PID/pagemap); `peak`: VmHWM.
+/// Measured before speculation existed: the plans below leave it off.
 const MEASURED: [(usize, u32, f64, f64); 5] = [
     (1, 512, 11.4, 148.5),
     (4, 1024, 13.4, 234.1),
@@ -211,7 +220,7 @@ const MEASURED: [(usize, u32, f64, f64); 5] = [
 #[test]
 fn compute_term_bounds_what_the_worst_case_touches_within_the_reservation() {
     for (slots, ctx, touched, _) in MEASURED {
-        let l = compute(&plan(slots, ctx));
+        let l = compute(&unspeculative(slots, ctx));
         let mib = l.term("compute") as f64 / MIB;
         assert!(
             touched <= mib,
@@ -226,9 +235,28 @@ fn compute_term_bounds_what_the_worst_case_touches_within_the_reservation() {
 }
 
 #[test]
+fn speculation_charges_a_verifications_logits_rows() {
+    // A verification outputs 1 + MAX_DRAFT rows per slot; the touched compute holds them
+    // in both of the graph allocator's layouts.
+    let rows = u64::from(crate::engine::plan::MAX_DRAFT);
+    let row = 4 * smollm2().n_vocab;
+    for slots in [1, 4] {
+        let (on, off) = (
+            compute(&plan(slots, 1024)),
+            compute(&unspeculative(slots, 1024)),
+        );
+        assert_eq!(
+            on.term("compute") - off.term("compute"),
+            2 * row * rows * slots as u64
+        );
+        assert_eq!(on.compute_reserved_bytes, off.compute_reserved_bytes);
+    }
+}
+
+#[test]
 fn expected_peak_without_the_margin_bounds_the_measured_worst_case() {
     for (slots, ctx, _, peak) in MEASURED {
-        let l = compute(&plan(slots, ctx));
+        let l = compute(&unspeculative(slots, ctx));
         // MEASURED drove no constrained requests and no embeddings: those terms stay
         // untouched.
         let untouched = l.term("constraint") + l.term("embeddings");
@@ -261,6 +289,7 @@ fn limit(source: LimitSource, mb: u64) -> Limit {
 fn tightest_limit_decides_and_is_named() {
     let d = Decision::new(
         smollm2(),
+        None,
         &plan(4, 2048),
         &llama(),
         None,
@@ -289,7 +318,7 @@ fn tightest_limit_decides_and_is_named() {
 
 #[test]
 fn no_limit_fits() {
-    let d = Decision::new(smollm2(), &plan(1, 1024), &llama(), None, vec![]);
+    let d = Decision::new(smollm2(), None, &plan(1, 1024), &llama(), None, vec![]);
     assert!(d.fits);
     assert!(d.accounting().starts_with("reason=no-limit"));
 }
@@ -298,6 +327,7 @@ fn no_limit_fits() {
 fn metrics_name_every_term_and_limit() {
     let d = Decision::new(
         smollm2(),
+        None,
         &plan(1, 1024),
         &llama(),
         None,
@@ -338,6 +368,7 @@ fn native_terms_are_weights_kv_per_sequence_scratch_and_overhead() {
     // A limit below the total refuses with the accounting line naming the native terms.
     let d = Decision::new(
         smollm2(),
+        None,
         &plan(2, 1000),
         &native(Device::Cpu),
         None,

@@ -27,7 +27,7 @@ fn path_str(p: &Path) -> &str {
 /// `models/…Q8_0.gguf` beside the test model, quantized from it first if absent (what
 /// `make model-q8` does; the quantizer renames its output into place, so a concurrent run
 /// never sees half a file).
-fn q8_model() -> PathBuf {
+pub(crate) fn q8_model() -> PathBuf {
     let model = find_model().unwrap_or_else(|e| panic!("{e}"));
     let name = path_str(&model).replace(".Q4_1.gguf", ".Q8_0.gguf");
     let q8 = if name == path_str(&model) {

@@ -21,6 +21,7 @@ mod prefix;
 mod prompt;
 mod quantize;
 mod spec;
+mod spec_draft;
 mod stream;
 mod structured;
 mod template;

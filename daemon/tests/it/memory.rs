@@ -392,7 +392,7 @@ fn kv_cells_outside_ctx_and_slots_times_ctx_is_a_usage_error() {
 
 // ---- weights against a manifest ----
 
-fn sha256_of(path: &Path) -> String {
+pub(crate) fn sha256_of(path: &Path) -> String {
     let out = Command::new("sha256sum")
         .arg(path)
         .output()

@@ -1,23 +1,20 @@
 //! Speculative decoding by prompt lookup on the real model: at temperature 0 an answer that
 //! quotes its prompt comes out as without speculation, in fewer steps (drafts accepted in
-//! /metrics and in `timings`); a request can opt out; `--spec draft` is refused as not
-//! there yet.
-
-use std::time::Duration;
+//! /metrics and in `timings`); a request can opt out. (`--spec draft`: `spec_draft.rs`.)
 
 use serde_json::{json, Value};
 
 use crate::harness::{metric, text_of, Daemon};
 
 /// Texts the model is asked to repeat: what it quotes, prompt lookup drafts.
-const QUOTES: [&str; 3] = [
+pub(crate) const QUOTES: [&str; 3] = [
     "The quick brown fox jumps over the lazy dog, and the dog does not seem to mind at all.",
     "To reset the device, hold the power button for ten seconds until the LED blinks green, \
      then release it and wait for the fan to stop.",
     "fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }",
 ];
 
-fn repeat(text: &str) -> Value {
+pub(crate) fn repeat(text: &str) -> Value {
     json!({
         "messages": [{"role": "user", "content": format!("Repeat exactly: {text}")}],
         "max_tokens": 64,
@@ -82,11 +79,4 @@ async fn prompt_lookup_keeps_temperature_zero_text_and_accepts_drafts() {
         "{spec}"
     );
     assert_eq!(off.status().await["speculative"]["mode"], "off");
-}
-
-#[test]
-fn spec_draft_is_refused_as_not_implemented_yet() {
-    let (status, log) = Daemon::run_to_exit(&["--spec", "draft"], Duration::from_secs(60));
-    assert!(!status.success(), "{log}");
-    assert!(log.contains("not implemented yet"), "{log}");
 }

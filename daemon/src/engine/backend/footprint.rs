@@ -8,7 +8,7 @@ use super::llama_embed::EMBED_BATCH;
 use super::native::forward::UBATCH;
 use super::seam::Device;
 use crate::config::{KvType, KvTypes};
-use crate::engine::plan::EnginePlan;
+use crate::engine::plan::{EnginePlan, MAX_DRAFT};
 use inferloop_gguf::ModelShape;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -94,11 +94,18 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
     // mask over the sequence's context. llama.cpp reserves its compute buffer for that
     // graph plus logits for every token of the micro-batch (n_ubatch × n_vocab).
     let activations = 4 * u * (2 * shape.n_ff + shape.n_embd) + 2 * u * ctx_seq;
-    let logits = 4 * shape.n_vocab * slots;
-    let compute_reserved = 4 * u * shape.n_vocab + activations + logits;
+    // A decode step outputs one row per slot; a verification one per drafted token too.
+    let rows = if plan.spec.enabled() {
+        1 + u64::from(MAX_DRAFT)
+    } else {
+        1
+    };
+    let logits = 4 * shape.n_vocab * slots * rows;
+    let compute_reserved = 4 * u * shape.n_vocab + activations + 4 * shape.n_vocab * slots;
     // What the worst case (every slot full, full prefill micro-batches next to decode
     // steps) touches. inferloopd never asks for prompt logits, so at most one logits row
-    // per slot is written, in the graph and in llama.cpp's output buffer. But the graph
+    // per slot is written (1 + MAX_DRAFT with speculation: a verification's rows), in the
+    // graph and in llama.cpp's output buffer. But the graph
     // allocator lays out a prefill step and a decode step differently (it re-plans when
     // the graph changes), and the freed FFN tensors of the reserved layout sit where its
     // logits go: a full micro-batch's activations land at two sets of offsets, and pages
@@ -131,7 +138,7 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
                 name: "compute",
                 bytes: compute,
                 detail: format!(
-                    "micro-batch {u} activations in two layouts + logits for {} slots (llama.cpp reserves {:.1} MiB)",
+                    "micro-batch {u} activations in two layouts + logits for {} slots x {rows} rows (llama.cpp reserves {:.1} MiB)",
                     slots,
                     compute_reserved as f64 / MIB
                 ),
@@ -162,6 +169,38 @@ pub fn llama_cpp(shape: &ModelShape, plan: &EnginePlan) -> Footprint {
         ],
         compute_reserved_bytes: compute_reserved,
     }
+}
+
+/// A draft model's own lines (`--spec draft`): its mapped weights, and its llama.cpp
+/// context sized by [`EnginePlan::draft_plan`] (a pool of `slots × ctx` cells in the plan's
+/// KV types, its compute buffer as [`llama_cpp`] reckons one, and a context's fixed
+/// allocations).
+pub fn draft(shape: &ModelShape, plan: &EnginePlan) -> Vec<Term> {
+    let plan = plan.draft_plan();
+    let own = llama_cpp(shape, &plan);
+    let term = |name| {
+        own.terms
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0, |t| t.bytes)
+    };
+    let context = term("kv") + term("compute") + EMBED_CONTEXT_OVERHEAD;
+    vec![
+        Term {
+            name: "draft_weights",
+            bytes: term("weights"),
+            detail: format!("{} tensor bytes of the draft model", shape.architecture),
+        },
+        Term {
+            name: "draft_context",
+            bytes: context,
+            detail: format!(
+                "the draft model's llama.cpp context: {} cells x {} B, its compute buffer and fixed allocations",
+                u64::from(plan.kv_cells).div_ceil(KV_PAD) * KV_PAD,
+                kv_cell_bytes(shape, plan.kv_type)
+            ),
+        },
+    ]
 }
 
 /// llama.cpp's embeddings context (made at the first embedding request, see

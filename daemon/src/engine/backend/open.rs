@@ -52,6 +52,15 @@ pub fn open<'m>(
     }
 }
 
+/// The draft model's llama.cpp context (`--spec draft`), sized by
+/// [`EnginePlan::draft_plan`]. Called on the scheduler thread, like [`open`].
+pub fn open_draft<'m>(
+    draft: &'m LoadedModel,
+    plan: &EnginePlan,
+) -> Result<Box<dyn Backend + 'm>, EngineError> {
+    Ok(Box::new(LlamaCpp::new(draft, &plan.draft_plan())?))
+}
+
 /// The native model at `path` on `device` (the kernels' CPU twins, or the first CUDA GPU),
 /// with a KV cache of `n_seq` sequences of `n_ctx` positions.
 pub fn open_native(

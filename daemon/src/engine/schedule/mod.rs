@@ -8,10 +8,15 @@
 //! - [`state`]: the queue and the slots, admission by slots and KV cells.
 //! - [`sequence`]: one request's life in a slot, phase by phase.
 //! - [`prefix`]: the index of resident prompt prefixes.
-//! - [`speculate`]: prompt-lookup drafts, checked by a verifying step.
+//! - [`speculate`]: prompt-lookup drafts, checked by a verifying step, and the drafting
+//!   state (adaptive length, pauses) every draft source shares.
+//! - [`draft`]: drafts from a second, smaller model (`--spec draft`).
 //! - [`text`]: sampled tokens to UTF-8 text, held back at a possible stop string.
 
 pub mod command;
+pub mod draft;
+#[cfg(test)]
+mod draft_tests;
 pub mod prefix;
 mod reuse;
 pub mod scheduler;

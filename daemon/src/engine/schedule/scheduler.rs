@@ -14,6 +14,7 @@ use std::time::Duration;
 use inferloop_thermal::ThermalState;
 
 use super::command::Command;
+use super::draft::{Ask, DraftModel};
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::state::State;
@@ -50,6 +51,8 @@ pub(super) struct Scheduler<'v, B> {
     idle_saved: bool,
     /// Every "now" the scheduler reads: queue waits, timeouts, token times, the heartbeat.
     pub(super) clock: Arc<dyn Clock>,
+    /// The draft model, with `--spec draft`; without it drafts come from prompt lookup.
+    draft: Option<DraftModel<'v>>,
 }
 
 impl<'v, B: Backend> Scheduler<'v, B> {
@@ -82,7 +85,15 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             idle_saved: false,
             plan,
             clock,
+            draft: None,
         }
+    }
+
+    /// Drafting with a draft model's backend (`--spec draft`) instead of prompt lookup.
+    pub(super) fn with_draft(mut self, backend: Box<dyn Backend + 'v>) -> Self {
+        let (sequences, n_batch) = (self.plan.sequences(), self.plan.n_batch as usize);
+        self.draft = Some(DraftModel::new(backend, sequences, n_batch));
+        self
     }
 
     /// With the prompt cache's tiers.
@@ -288,9 +299,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// One step over every active sequence, then its outcomes applied in plan order.
     fn step(&mut self) {
         self.resolve_awaiting();
-        for seq in self.seqs.iter_mut().flatten() {
-            seq.draft(self.vocab);
-        }
+        self.draft_all();
         let plan = plan_step(
             &self.seqs,
             self.plan.prefill_chunk as usize,
@@ -399,6 +408,40 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         self.retire_finished();
     }
 
+    /// Every decoding sequence that speculates gets its draft for this step: from the draft
+    /// model, every drafting sequence in the same draft steps, or by prompt lookup.
+    fn draft_all(&mut self) {
+        let vocab = self.vocab;
+        let Some(draft) = self.draft.as_mut() else {
+            for seq in self.seqs.iter_mut().flatten() {
+                seq.draft(vocab);
+            }
+            return;
+        };
+        let asks: Vec<Ask<'_>> = (self.seqs.iter().enumerate())
+            .filter_map(|(seq, s)| {
+                let s = s.as_ref()?;
+                let k = s.draft_room();
+                (k > 0).then(|| Ask {
+                    seq,
+                    history: s.history(),
+                    k,
+                })
+            })
+            .collect();
+        if asks.is_empty() {
+            return;
+        }
+        let slots: Vec<usize> = asks.iter().map(|a| a.seq).collect();
+        let drafts = draft.propose(&asks, &|t| vocab.is_end(t));
+        drop(asks);
+        for (slot, d) in slots.into_iter().zip(drafts) {
+            if let Some(seq) = self.seqs[slot].as_mut() {
+                seq.set_draft(vocab, &d);
+            }
+        }
+    }
+
     /// Sends the last event of every finishing sequence and frees its slot.
     fn retire_finished(&mut self) {
         for slot in 0..self.seqs.len() {
@@ -431,6 +474,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// they hold what the index says; otherwise they are freed.
     fn release(&mut self, slot: usize, why: &str, cells_valid: bool) {
         self.seqs[slot] = None;
+        if let Some(draft) = self.draft.as_mut() {
+            draft.forget(slot);
+        }
         if self.prefix.enabled() && cells_valid {
             self.backend.close(slot);
             self.prefix.touch(slot);

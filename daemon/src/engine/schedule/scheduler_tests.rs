@@ -737,7 +737,7 @@ fn spawn_fake(plan: EnginePlan) -> (thread::Handle, Fake) {
         gate,
         Arc::new(clock),
         Arc::default(),
-        move |runner| runner.run(backend, &FakeVocab),
+        move |runner| runner.run(backend, &FakeVocab, None),
     )
     .expect("fake backend starts");
     (handle, fake)

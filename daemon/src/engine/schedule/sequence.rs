@@ -156,30 +156,51 @@ impl Sequence {
         }
     }
 
-    /// Fills [`verify`](Self::verify) for the next step: the token to feed and a draft after
-    /// it, or nothing when there is no draft. A draft never proposes more than the tokens
-    /// left to generate allow, so a verification never produces more than `max_tokens`, and
-    /// stops before an end-of-generation token (the prompt's template holds them): nothing
-    /// is sampled after the end, where a grammar has nothing left to allow.
-    pub fn draft(&mut self, vocab: &dyn Vocab) {
-        self.verify.clear();
-        let (Phase::Decoding { next }, Some(drafter)) = (&self.phase, &self.drafter) else {
-            return;
+    /// How many tokens a draft may propose for the next step: none unless decoding with
+    /// drafting on and not paused; never more than the tokens left to generate allow
+    /// (the verification produces up to one token more than it drafts), so a
+    /// verification never produces more than `max_tokens`.
+    pub fn draft_room(&self) -> usize {
+        let (Phase::Decoding { .. }, Some(drafter)) = (&self.phase, &self.drafter) else {
+            return 0;
         };
-        // The verification produces up to one token more than it drafts.
+        if drafter.paused(self.generated) {
+            return 0;
+        }
         let room = self
             .max_tokens
             .saturating_sub(self.generated)
             .saturating_sub(1) as usize;
-        let mut draft = std::mem::take(&mut self.verify);
-        drafter.propose(&self.history, self.generated, room, &mut draft);
-        if let Some(end) = draft.iter().position(|&t| vocab.is_end(t)) {
-            draft.truncate(end);
-        }
+        drafter.k().min(room)
+    }
+
+    /// The prompt, then every token generated (while speculating).
+    pub fn history(&self) -> &[i32] {
+        &self.history
+    }
+
+    /// Fills [`verify`](Self::verify) for the next step from a prompt lookup: the token to
+    /// feed and a draft after it, or nothing when there is no draft.
+    pub fn draft(&mut self, vocab: &dyn Vocab) {
+        let k = self.draft_room();
+        let draft = super::speculate::lookup(&self.history, k).to_vec();
+        self.set_draft(vocab, &draft);
+    }
+
+    /// Fills [`verify`](Self::verify) with `draft` (from a lookup or a draft model) after
+    /// the token to feed. The draft stops before an end-of-generation token: nothing is
+    /// sampled after the end, where a grammar has nothing left to allow.
+    pub fn set_draft(&mut self, vocab: &dyn Vocab, draft: &[i32]) {
+        self.verify.clear();
+        let Phase::Decoding { next } = self.phase else {
+            return;
+        };
+        let end = draft.iter().position(|&t| vocab.is_end(t));
+        let draft = &draft[..end.unwrap_or(draft.len())];
         if !draft.is_empty() {
-            draft.insert(0, *next);
+            self.verify.push(next);
+            self.verify.extend_from_slice(draft);
         }
-        self.verify = draft;
     }
 
     /// This step's verification fed `drafted` drafts and the backend accepted `accepted`.

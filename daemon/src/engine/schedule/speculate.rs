@@ -101,6 +101,11 @@ impl Drafter {
         }
     }
 
+    /// Most tokens the next draft may propose.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
     /// Whether drafting is paused at `generated` tokens.
     pub fn paused(&self, generated: u32) -> bool {
         generated < self.paused_until

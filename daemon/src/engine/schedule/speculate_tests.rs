@@ -11,11 +11,11 @@ use crate::engine::prompt_cache::PromptStore;
 use crate::engine::types::{Event, FinishReason, GenerationRequest, Timings, Usage};
 
 /// A prompt of `len` words of the model's cycle: it continues them.
-fn cycle(len: usize) -> Vec<i32> {
+pub(super) fn cycle(len: usize) -> Vec<i32> {
     (0..len as i32).map(|i| 10 + i % 50).collect()
 }
 
-fn rig(slots: usize, spec: Spec, odd_every: Option<u32>) -> Rig {
+pub(super) fn rig(slots: usize, spec: Spec, odd_every: Option<u32>) -> Rig {
     let r = rig_with(
         crate::engine::plan::EnginePlan {
             spec,
@@ -27,7 +27,7 @@ fn rig(slots: usize, spec: Spec, odd_every: Option<u32>) -> Rig {
     r
 }
 
-fn request(r: &Rig, prompt: Vec<i32>, max_tokens: u32) -> GenerationRequest {
+pub(super) fn request(r: &Rig, prompt: Vec<i32>, max_tokens: u32) -> GenerationRequest {
     GenerationRequest {
         prompt_tokens: prompt,
         ..r.request(1, max_tokens)
@@ -35,14 +35,14 @@ fn request(r: &Rig, prompt: Vec<i32>, max_tokens: u32) -> GenerationRequest {
 }
 
 /// The text, finish reason, usage and timings of a finished request.
-struct Done {
-    text: String,
-    reason: FinishReason,
-    usage: Usage,
-    timings: Timings,
+pub(super) struct Done {
+    pub(super) text: String,
+    pub(super) reason: FinishReason,
+    pub(super) usage: Usage,
+    pub(super) timings: Timings,
 }
 
-fn finish(r: &mut Rig, rx: &mut UnboundedReceiver<Event>) -> Done {
+pub(super) fn finish(r: &mut Rig, rx: &mut UnboundedReceiver<Event>) -> Done {
     match r.last(rx) {
         (
             text,
@@ -62,14 +62,18 @@ fn finish(r: &mut Rig, rx: &mut UnboundedReceiver<Event>) -> Done {
 }
 
 /// One request alone on a fresh rig; with the rig, to read its log and metrics.
-fn run(spec: Spec, odd_every: Option<u32>, req: impl Fn(&Rig) -> GenerationRequest) -> (Done, Rig) {
+pub(super) fn run(
+    spec: Spec,
+    odd_every: Option<u32>,
+    req: impl Fn(&Rig) -> GenerationRequest,
+) -> (Done, Rig) {
     let mut r = rig(1, spec, odd_every);
     let mut rx = r.submit(req(&r)).expect("admitted");
     let done = finish(&mut r, &mut rx);
     (done, r)
 }
 
-fn same_output(a: &Done, b: &Done) {
+pub(super) fn same_output(a: &Done, b: &Done) {
     assert_eq!(a.text, b.text);
     assert_eq!(a.reason, b.reason);
     assert_eq!(a.usage, b.usage);

@@ -50,8 +50,13 @@ impl Runner {
         }
     }
 
-    /// Serves with `backend` until shutdown.
-    pub fn run<B: Backend>(self, backend: B, vocab: &dyn Vocab) {
+    /// Serves with `backend` until shutdown, drafting with `draft` when given.
+    pub fn run<'v, B: Backend>(
+        self,
+        backend: B,
+        vocab: &'v dyn Vocab,
+        draft: Option<Box<dyn Backend + 'v>>,
+    ) {
         let store = PromptStore::start(
             &self.plan.prompt_cache,
             backend.kv_layout(),
@@ -68,6 +73,9 @@ impl Runner {
             self.clock,
         )
         .with_store(store);
+        if let Some(draft) = draft {
+            s = s.with_draft(draft);
+        }
         if self.ready.send(Ok(())).is_err() {
             return;
         }

@@ -670,7 +670,7 @@ mod tests {
             move |runner| {
                 // Leaked: the model borrows it and lives on the scheduler thread.
                 let s: &'static _ = Box::leak(Box::new(synth(Spec::llama(), 9)));
-                runner.run(NativeBackend::new(model(s, slots)), &FakeVocab)
+                runner.run(NativeBackend::new(model(s, slots)), &FakeVocab, None)
             },
         )
         .expect("native backend starts");
