@@ -8,8 +8,9 @@
 //!
 //! Each sequence has its own cells in the draft model's context. Before drafting, they are
 //! cut back to the longest prefix they share with the sequence's tokens (a rejected draft
-//! leaves rows that no longer belong) and the rest is fed: the whole prompt the first time,
-//! afterwards the tokens the last verification produced. Then one draft-model step per
+//! leaves rows that no longer belong) and the rest is fed: the whole prompt the first time
+//! (a chunk per step, drafting once it is in), afterwards the tokens the last verification
+//! produced. Then one draft-model step per
 //! drafted token, every drafting sequence in the same step. A failure in the draft model
 //! never fails a request: that sequence only drafts nothing this step.
 //!
@@ -110,54 +111,55 @@ impl<'m> DraftModel<'m> {
         true
     }
 
-    /// Feeds each live sequence's tokens its cells lack, in steps of at most `n_batch`;
-    /// the chunk that ends a sequence's tokens samples its first draft.
+    /// Feeds each live sequence's tokens its cells lack, in one draft step of at most
+    /// `n_batch` tokens; the chunk that ends a sequence's tokens samples its first draft.
+    /// A sequence with more to feed than this step holds (a long prompt, the first time)
+    /// drafts nothing now and goes on next step: the serving step never waits on more
+    /// than one chunk of draft prefill, as it never waits on more than one of its own.
     fn catch_up(&mut self, asks: &[Ask<'_>], live: &mut Vec<usize>, drafts: &mut [Vec<i32>]) {
-        let mut pending = live.clone();
-        while !pending.is_empty() {
-            let mut budget = self.n_batch;
-            let mut fed: Vec<(usize, usize)> = Vec::new();
-            for &i in &pending {
+        let mut budget = self.n_batch;
+        let mut fed: Vec<(usize, usize)> = Vec::new();
+        for &i in live.iter() {
+            let ask = &asks[i];
+            let from = self.held[ask.seq].len();
+            let n = (ask.history.len() - from).min(budget);
+            if n == 0 {
+                break;
+            }
+            fed.push((i, n));
+            budget -= n;
+        }
+        let mut work: Vec<Work<'_>> = fed
+            .iter()
+            .map(|&(i, n)| {
                 let ask = &asks[i];
                 let from = self.held[ask.seq].len();
-                let n = (ask.history.len() - from).min(budget);
-                if n == 0 {
-                    break;
+                Work::Prefill {
+                    seq: ask.seq,
+                    tokens: &ask.history[from..from + n],
+                    pos: from as u32,
+                    sample: from + n == ask.history.len(),
                 }
-                fed.push((i, n));
-                budget -= n;
-            }
-            let mut work: Vec<Work<'_>> = fed
-                .iter()
-                .map(|&(i, n)| {
-                    let ask = &asks[i];
-                    let from = self.held[ask.seq].len();
-                    Work::Prefill {
-                        seq: ask.seq,
-                        tokens: &ask.history[from..from + n],
-                        pos: from as u32,
-                        sample: from + n == ask.history.len(),
+            })
+            .collect();
+        work.sort_by_key(Work::seq);
+        let outcomes = if work.is_empty() {
+            Vec::new()
+        } else {
+            self.backend.step(&StepPlan { work })
+        };
+        for (i, n) in fed {
+            let ask = &asks[i];
+            let from = self.held[ask.seq].len();
+            match outcome(&outcomes, ask.seq) {
+                Some(Ok(token)) => {
+                    self.held[ask.seq].extend_from_slice(&ask.history[from..from + n]);
+                    if let Some(t) = token {
+                        drafts[i].push(t);
                     }
-                })
-                .collect();
-            work.sort_by_key(Work::seq);
-            let outcomes = self.backend.step(&StepPlan { work });
-            for (i, n) in fed {
-                let ask = &asks[i];
-                let from = self.held[ask.seq].len();
-                match outcome(&outcomes, ask.seq) {
-                    Some(Ok(token)) => {
-                        self.held[ask.seq].extend_from_slice(&ask.history[from..from + n]);
-                        if let Some(t) = token {
-                            drafts[i].push(t);
-                        }
-                    }
-                    _ => self.lost(ask.seq, i, live),
                 }
+                _ => self.lost(ask.seq, i, live),
             }
-            pending.retain(|&i| {
-                live.contains(&i) && self.held[asks[i].seq].len() < asks[i].history.len()
-            });
         }
         live.retain(|&i| !drafts[i].is_empty());
     }

@@ -100,3 +100,17 @@ fn a_request_that_opts_out_never_reaches_the_draft_model() {
     assert_eq!(draft.log().steps, 0);
     assert!(r.fake.log().verified.is_empty());
 }
+
+#[test]
+fn a_long_prompt_reaches_the_draft_model_a_chunk_per_step() {
+    let (off, _) = run(Spec::Off, Some(13), |r| request(r, cycle(1300), 60));
+    let (mut r, draft) = rig_drafting(1, Some(13));
+    let n_batch = r.s.plan.n_batch as usize;
+    let mut rx = r.submit(request(&r, cycle(1300), 60)).expect("admitted");
+    let on = finish(&mut r, &mut rx);
+    same_output(&on, &off);
+    let d = draft.log();
+    assert!(d.most_prefill <= n_batch, "{} > {n_batch}", d.most_prefill);
+    assert!(d.misplaced.is_empty(), "{:?}", d.misplaced);
+    assert!(on.timings.draft_n_accepted > 0);
+}
