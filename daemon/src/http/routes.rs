@@ -184,14 +184,15 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
-/// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
 /// `/v1/status` `speculative`: the mode and how much of what was drafted was accepted.
 fn spec_status(
     plan: &crate::engine::EnginePlan,
     metrics: &crate::metrics::Metrics,
 ) -> serde_json::Value {
-    let drafted = metrics.spec_drafted_tokens_total.get();
+    // Accepted first: a verification counts its drafts before what it accepted, so read in
+    // this order `accepted ≤ drafted` holds even while steps run.
     let accepted = metrics.spec_accepted_tokens_total.get();
+    let drafted = metrics.spec_drafted_tokens_total.get();
     json!({
         "mode": plan.spec,
         "max_draft": crate::engine::plan::MAX_DRAFT,
@@ -201,6 +202,7 @@ fn spec_status(
     })
 }
 
+/// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
 fn prefix_cache_status(
     plan: &crate::engine::EnginePlan,
     metrics: &crate::metrics::Metrics,
