@@ -101,10 +101,13 @@ fn spec_draft_is_refused_as_not_implemented_yet() {
 
 /// A prompt whose continuation prompt lookup drafts and the model often departs from: the
 /// latest "sat on the" was followed by " rug", which the cat's line ends with " mat".
-const STORY: &str =
-    "Story time.\n\nThe cat sat on the mat. The dog sat on the rug. The cat sat on \
-                     the mat. The dog sat on the rug. The cat sat on the mat. The dog sat on the \
-                     rug. The cat";
+const STORY: &str = concat!(
+    "Story time.\n\n",
+    "The cat sat on the mat. The dog sat on the rug. ",
+    "The cat sat on the mat. The dog sat on the rug. ",
+    "The cat sat on the mat. The dog sat on the rug. ",
+    "The cat",
+);
 /// Requests per arm of the homogeneity test.
 const PER_ARM: u32 = 150;
 /// Seeds of the speculative arm drawn again without speculation.
@@ -211,7 +214,7 @@ async fn sampled_continuations_follow_one_law_with_and_without_speculation() {
     // The verification consumes the seeded stream as plain decoding does (one draw per
     // emitted token), so a seed draws the same text either way unless batch-dependent
     // rounding moves a draw across a boundary, which is rare. A rule that drew again
-    // after a rejection would part most requests that have one (about a third here).
+    // after a rejection would part most requests that have one (about half here).
     let same = (1..=u64::from(PAIRED))
         .filter(|s| texts.get(&(true, *s)) == texts.get(&(false, *s)))
         .count();
