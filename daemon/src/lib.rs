@@ -25,6 +25,8 @@
 //! - [`golden`]: `inferloopd golden`, llama.cpp and the native forward pass compared on the
 //!   same tokens (top-1 agreement, KL, logit difference per position).
 //! - [`exit`]: the documented exit codes.
+//! - [`stats`]: chi-square tests, with which the tests check that sampling keeps a law
+//!   (speculative decoding against plain decoding).
 
 pub mod boot;
 pub mod config;
@@ -37,6 +39,7 @@ pub mod metrics;
 pub mod notify;
 pub mod quantize;
 pub mod server;
+pub mod stats;
 pub mod thermal;
 pub mod tools;
 /// Validation lives under the HTTP layer; the old path stays for callers that use it.

@@ -184,7 +184,6 @@ pub async fn thermal(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
-/// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
 /// `/v1/status` `speculative`: the mode and how much of what was drafted was accepted.
 /// With `--spec draft`, also the draft model's path.
 fn spec_status(
@@ -192,8 +191,10 @@ fn spec_status(
     draft_model: Option<&std::path::Path>,
     metrics: &crate::metrics::Metrics,
 ) -> serde_json::Value {
-    let drafted = metrics.spec_drafted_tokens_total.get();
+    // Accepted first: a verification counts its drafts before what it accepted, so read in
+    // this order `accepted ≤ drafted` holds even while steps run.
     let accepted = metrics.spec_accepted_tokens_total.get();
+    let drafted = metrics.spec_drafted_tokens_total.get();
     json!({
         "mode": plan.spec,
         "draft_model": draft_model.map(|p| p.display().to_string()),
@@ -204,6 +205,7 @@ fn spec_status(
     })
 }
 
+/// Prompt reuse so far: tokens looked up, tokens found resident, their ratio.
 fn prefix_cache_status(
     plan: &crate::engine::EnginePlan,
     metrics: &crate::metrics::Metrics,

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::harness::{assert_error, chat_body, shared, stream_finish_reason, stream_text};
 
-fn person_schema() -> Value {
+pub(crate) fn person_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
@@ -22,7 +22,7 @@ fn person_schema() -> Value {
 }
 
 /// Checks `v` against [`person_schema`] by hand (no schema validator in the tests' deps).
-fn assert_person(text: &str) {
+pub(crate) fn assert_person(text: &str) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
     let o = v
         .as_object()

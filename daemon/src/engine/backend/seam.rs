@@ -477,3 +477,7 @@ mod tests {
         assert!(SeqOutcome::produced(1, Vec::new()).result.is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "seam_law_tests.rs"]
+mod law_tests;

@@ -4,10 +4,10 @@ use super::*;
 
 pub(super) fn register(r: &mut Registry) {
     // ---- /v1/status ----
-    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared}, memory{fits,required_bytes,terms}, integrity, prefix_cache{mode,hit_rate,tiers{ram{budget_bytes,bytes,entries,hit_tokens},disk: null or with ready}}", |c, ev| {
+    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared,type{k,v} ∈ f16|q8_0|q4_0,cell_bytes > 0 dividing the ledger's kv term}, memory{fits,required_bytes,terms}, integrity, prefix_cache{mode,hit_rate,tiers{ram{budget_bytes,bytes,entries,hit_tokens},disk: null or with ready}}, speculative{mode ∈ ngram|draft|off,max_draft,accepted ≤ drafted,acceptance_rate their ratio}", |c, ev| {
         let s = c.target.status()?;
         ev.put("status", s.clone());
-        let checks: [TypeCheck; 25] = [
+        let checks: [TypeCheck; 32] = [
             ("/version", Value::is_string),
             ("/ready", Value::is_boolean),
             ("/uptime_s", Value::is_number),
@@ -24,6 +24,9 @@ pub(super) fn register(r: &mut Registry) {
             ("/kv/cells", Value::is_u64),
             ("/kv/reserved", Value::is_u64),
             ("/kv/shared", Value::is_boolean),
+            ("/kv/type/k", Value::is_string),
+            ("/kv/type/v", Value::is_string),
+            ("/kv/cell_bytes", Value::is_u64),
             ("/memory/fits", Value::is_boolean),
             ("/memory/required_bytes", Value::is_u64),
             ("/integrity", Value::is_object),
@@ -33,6 +36,10 @@ pub(super) fn register(r: &mut Registry) {
             ("/prefix_cache/tiers/ram/bytes", Value::is_u64),
             ("/prefix_cache/tiers/ram/entries", Value::is_u64),
             ("/prefix_cache/tiers/ram/hit_tokens", Value::is_u64),
+            ("/speculative/mode", Value::is_string),
+            ("/speculative/max_draft", Value::is_u64),
+            ("/speculative/drafted_tokens_total", Value::is_u64),
+            ("/speculative/accepted_tokens_total", Value::is_u64),
         ];
         for (path, ok) in checks {
             let v = s.pointer(path).cloned().unwrap_or(Value::Null);
@@ -45,7 +52,46 @@ pub(super) fn register(r: &mut Registry) {
             "/prefix_cache/tiers/disk null, or with ready and budget_bytes",
             disk.to_string()
         );
-        Ok("schema holds".into())
+        // The KV cells' element types, and what one cell costs: the ledger's KV term is a
+        // whole number of cells at that price.
+        let kv = &s["kv"];
+        for half in ["k", "v"] {
+            let t = kv["type"][half].as_str().unwrap_or_default();
+            ensure!(["f16", "q8_0", "q4_0"].contains(&t), format!("/kv/type/{half} f16|q8_0|q4_0"), kv.to_string());
+        }
+        let cell = kv["cell_bytes"].as_u64().unwrap_or(0);
+        ensure!(cell > 0, "/kv/cell_bytes > 0", kv.to_string());
+        let terms = s["memory"]["terms"].as_array().cloned().unwrap_or_default();
+        let kv_term = terms.iter().find(|t| t["name"] == "kv").and_then(|t| t["bytes"].as_u64());
+        ensure!(
+            kv_term.is_some_and(|b| b > 0 && b % cell == 0),
+            format!("a kv term in /memory/terms, a whole number of {cell}-byte cells"),
+            format!("{kv_term:?}")
+        );
+        // Speculative decoding: its mode and counts that agree with each other.
+        let spec = &s["speculative"];
+        ensure!(
+            ["ngram", "draft", "off"].contains(&spec["mode"].as_str().unwrap_or_default()),
+            "/speculative/mode ngram|draft|off",
+            spec.to_string()
+        );
+        let drafted = spec["drafted_tokens_total"].as_u64().unwrap_or(0);
+        let accepted = spec["accepted_tokens_total"].as_u64().unwrap_or(0);
+        ensure!(accepted <= drafted, "accepted_tokens_total ≤ drafted_tokens_total", spec.to_string());
+        let rate = spec["acceptance_rate"].as_f64().unwrap_or(f64::NAN);
+        // The counts are read together with the rate, so they agree exactly but for rounding.
+        let expected_rate = if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 };
+        ensure!(
+            (rate - expected_rate).abs() < 1e-9,
+            format!("acceptance_rate = accepted / drafted = {expected_rate}"),
+            spec.to_string()
+        );
+        Ok(format!(
+            "schema holds; kv {}/{} at {cell} B a cell; speculative {} ({accepted} of {drafted} accepted)",
+            kv["type"]["k"].as_str().unwrap_or_default(),
+            kv["type"]["v"].as_str().unwrap_or_default(),
+            spec["mode"].as_str().unwrap_or_default()
+        ))
     });
     r.add(G, "device.status.thermal_schema", "/v1/status carries the thermal state and thresholds", "thermal{state ∈ normal|hot|critical, hot_celsius < critical_celsius, hysteresis_celsius ≥ 0, hot_fraction ∈ (0,1], snapshot}", |c, ev| {
         let s = c.target.status()?;
