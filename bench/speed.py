@@ -4,8 +4,8 @@
 Three workloads (bench/speed_workloads.py): grounded (answers that quote a long handbook),
 code (return a given function with one change) and chat (open questions, where drafts rarely
 hit). Streaming chat completions, temperature 0, --max-tokens, same GGUF, --threads and
---slots x --ctx for every configuration (llama-server: -np SLOTS -c SLOTS*CTX, --no-jinja
-so both see the same prompt tokens):
+--slots x --ctx for every configuration (llama-server: -np SLOTS -c SLOTS*CTX, and the GGUF's
+chat template as inferloopd uses it, so both see the same prompt tokens):
 
   ours-off             inferloopd --spec off
   ours-ngram           inferloopd --spec ngram (its default)
@@ -24,8 +24,9 @@ refuses `--spec draft` until it is implemented) is reported as unavailable and t
 
 Each configuration runs on a fresh server, one at a time, warmed up on a short request. Per
 workload: --prompts requests one at a time, then --rounds rounds of --streams requests
-released together (the prompts in turn). Every request starts with its own number, the same
-in every configuration, so no prompt cache serves a repeat and the texts can be compared.
+released together (the prompts in turn). Prompt reuse is off in both servers (inferloopd
+--prefix-cache off --prompt-cache-ram-mb 0, llama-server --no-cache-prompt --cache-ram 0), so
+every request is a full prefill, repeats included.
 Measured on the client, from the stream (the same way for both servers):
 
 * decode tok/s of a request = (completion_tokens - 1) / (last content delta - first content
@@ -59,9 +60,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import http.client
 import json
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -109,6 +112,11 @@ TARGETS: dict[str, dict[str, float]] = {
 SAME_TEXT = [("ours-ngram", "ours-off"), ("ours-draft", "ours-off"),
              ("peer-ngram-simple", "peer-off"), ("peer-ngram-map-k", "peer-off"),
              ("peer-draft", "peer-off")]
+# Every request a full prefill, a repeated prompt included: decode is measured here, and a
+# workload's texts are sent as they are (a per-request number in front would defeat the
+# caches too, but a 135M model answers "1. 1. 1." to "Request 1. <question>").
+NO_PROMPT_REUSE = {"inferloopd": ["--prefix-cache", "off", "--prompt-cache-ram-mb", "0"],
+                   "llama-server": ["--no-cache-prompt", "--cache-ram", "0"]}
 METRIC_DRAFTED = "inferloop_spec_drafted_tokens_total"
 METRIC_ACCEPTED = "inferloop_spec_accepted_tokens_total"
 
@@ -134,14 +142,17 @@ def server_argv(name: str, args: argparse.Namespace) -> tuple[list[str], str | N
     flags = [args.draft_model if f == DRAFT else f for f in flags]
     if server == "inferloopd":
         argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
-                "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx)]
+                "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
+                *NO_PROMPT_REUSE["inferloopd"]]
         return argv + flags + args.daemon_arg, None, "/readyz"
     port = free_port()
     argv = [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.slots),
             "-c", str(args.slots * args.ctx), "--no-webui",
-            # Like inferloopd: the built-in chat template, so both see the same prompt tokens.
-            "--no-jinja"]
+            # The GGUF's Jinja chat template, as inferloopd uses it (its default system prompt
+            # included; --no-jinja would leave that out): both see the same prompt tokens,
+            # which the report checks.
+            "--jinja", *NO_PROMPT_REUSE["llama-server"]]
     return argv + flags + args.peer_arg, f"http://127.0.0.1:{port}", "/health"
 
 
@@ -185,16 +196,14 @@ def record(r: dict[str, Any], index: int) -> dict[str, Any]:
             "text": r["text"]}
 
 
-def run_workload(base_url: str, model_id: str, workload: str, args: argparse.Namespace,
-                 first_number: int) -> tuple[dict[str, Any], int]:
-    """One workload on a running server; returns its results and the next request number."""
+def run_workload(base_url: str, model_id: str, workload: str,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """One workload on a running server: its requests one at a time, then the rounds."""
     texts = speed_workloads.prompts(workload, args.prompts, args.seed)
-    k = first_number
     before = prefix_metrics.scrape(base_url)
     single = []
     for i, text in enumerate(texts):
-        r = stream_messages(base_url, model_id, speed_workloads.numbered(k, text), args.max_tokens)
-        k += 1
+        r = stream_messages(base_url, model_id, speed_workloads.messages(text), args.max_tokens)
         single.append(record(r, i))
         print(f"    {workload} {i + 1}/{len(texts)}: {r['prompt_tokens']} prompt tokens, "
               f"{r['completion_tokens']} generated, decode {fmt(r['decode_tps'])} tok/s",
@@ -202,8 +211,7 @@ def run_workload(base_url: str, model_id: str, workload: str, args: argparse.Nam
     rounds = []
     for n in range(args.rounds):
         idx = [(n * args.streams + j) % len(texts) for j in range(args.streams)]
-        msgs = [speed_workloads.numbered(k + j, texts[i]) for j, i in enumerate(idx)]
-        k += args.streams
+        msgs = [speed_workloads.messages(texts[i]) for i in idx]
         streams = [record(r, i) for r, i in zip(one_round(base_url, model_id, msgs, args.max_tokens), idx)]
         rounds.append({"streams": streams, "aggregate_decode_tps": aggregate_decode_tps(streams),
                        "aggregate_tps": round_tps(streams)})
@@ -212,7 +220,7 @@ def run_workload(base_url: str, model_id: str, workload: str, args: argparse.Nam
     after = prefix_metrics.scrape(base_url)
     spec_metrics = {"drafted": prefix_metrics.delta(before, after, METRIC_DRAFTED),
                     "accepted": prefix_metrics.delta(before, after, METRIC_ACCEPTED)}
-    return summarize(single, rounds, spec_metrics), k
+    return summarize(single, rounds, spec_metrics)
 
 
 def run_config(name: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
@@ -235,11 +243,10 @@ def run_config(name: str, args: argparse.Namespace, log_dir: Path) -> dict[str, 
         out["model_id"] = get_json(base_url, "/v1/models", None)["data"][0]["id"]
         # First-request costs (page faults in the weights) are not steady state.
         stream_messages(base_url, out["model_id"], [{"role": "user", "content": "Hi"}], 8)
-        k = 1
         for workload in args.workloads:
-            out["workloads"][workload], k = run_workload(base_url, out["model_id"], workload, args, k)
+            out["workloads"][workload] = run_workload(base_url, out["model_id"], workload, args)
         out["status"] = "ok"
-    except (BenchError, OSError, ValueError, KeyError) as e:
+    except (BenchError, OSError, http.client.HTTPException, ValueError, KeyError) as e:
         out.update(status="error", reason=str(e))
     finally:
         rc = proc.stop()
@@ -249,7 +256,8 @@ def run_config(name: str, args: argparse.Namespace, log_dir: Path) -> dict[str, 
 
 
 def last_lines(text: str, n: int = 4) -> str:
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    """The end of a start-up failure (bench.Daemon's message and log tail) on one line."""
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("--- ")]
     return " | ".join(lines[-n:])
 
 
@@ -309,24 +317,21 @@ def summarize(single: list[dict[str, Any]], rounds: list[dict[str, Any]],
     }
 
 
-def decode_figures(configs: dict[str, Any], workload: str) -> dict[str, tuple[float | None, float | None]]:
-    """Per configuration that ran: (one-stream, aggregate) decode tok/s on `workload`, and
-    "peer-best", the faster llama-server n-gram mode by one-stream decode."""
+def decode_figures(configs: dict[str, Any],
+                   workload: str) -> tuple[dict[str, tuple[float | None, float | None]], str | None]:
+    """Per configuration that ran: (one-stream, aggregate) decode tok/s on `workload`; and the
+    faster llama-server n-gram mode by one-stream decode, whose figures also go in as
+    "peer-best"."""
     figs: dict[str, tuple[float | None, float | None]] = {}
     for name, run in configs.items():
         w = (run.get("workloads") or {}).get(workload) if run.get("status") == "ok" else None
         if w:
             figs[name] = (w["single"]["decode_tps_median"], w["concurrent"]["aggregate_decode_tps_median"])
     ngram = [n for n in PEER_NGRAM if n in figs and figs[n][0] is not None]
-    if ngram:
-        figs["peer-best"] = figs[max(ngram, key=lambda n: figs[n][0])]
-    return figs
-
-
-def best_peer_ngram(configs: dict[str, Any], workload: str) -> str | None:
-    figs = decode_figures(configs, workload)
-    ngram = [n for n in PEER_NGRAM if n in figs and figs[n][0] is not None]
-    return max(ngram, key=lambda n: figs[n][0]) if ngram else None
+    best = max(ngram, key=lambda n: figs[n][0]) if ngram else None
+    if best:
+        figs["peer-best"] = figs[best]
+    return figs, best
 
 
 def div(a: float | None, b: float | None) -> float | None:
@@ -336,7 +341,7 @@ def div(a: float | None, b: float | None) -> float | None:
 def compare(configs: dict[str, Any], workload: str) -> dict[str, Any]:
     """The ratios of RATIOS whose both sides ran, and the verdict of each target: True, False,
     or None when a side is missing."""
-    figs = decode_figures(configs, workload)
+    figs, best = decode_figures(configs, workload)
     ratios = {}
     for a, b in RATIOS:
         if a in figs and b in figs:
@@ -346,7 +351,7 @@ def compare(configs: dict[str, Any], workload: str) -> dict[str, Any]:
     for key, least in TARGETS.get(workload, {}).items():
         got = (ratios.get(key) or {}).get("single")
         targets[key] = {"least": least, "ratio": got, "pass": None if got is None else got >= least}
-    return {"peer_best": best_peer_ngram(configs, workload), "ratios": ratios, "targets": targets}
+    return {"peer_best": best, "ratios": ratios, "targets": targets}
 
 
 def same_texts(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
@@ -372,6 +377,16 @@ def text_identity(configs: dict[str, Any], workloads: list[str]) -> dict[str, An
                                          rb["workloads"][w]["single"]["requests"])
                            for w in workloads if w in ra["workloads"] and w in rb["workloads"]}
     return out
+
+
+def prompt_token_mismatch(configs: dict[str, Any], workload: str) -> dict[str, list]:
+    """Every configuration's prompt token counts on `workload` when they are not all the same
+    (the same texts should tokenize alike everywhere; if not, the chat templates differ);
+    else {}."""
+    counts = {name: [r["prompt_tokens"] for r in run["workloads"][workload]["single"]["requests"]]
+              for name, run in configs.items()
+              if run.get("status") == "ok" and workload in run["workloads"]}
+    return counts if len({tuple(c) for c in counts.values()}) > 1 else {}
 
 
 # --- output --------------------------------------------------------------------------------
@@ -426,6 +441,9 @@ def print_report(result: dict[str, Any]) -> None:
         span = next((f", {lo}-{hi} prompt tokens" for lo, hi in filter(None, ranges)), "")
         print(f"\n## {workload}{span}\n")
         prefix_metrics.print_rows(config_rows(result["configs"], workload), (18,))
+        odd = result["prompt_tokens_differ"].get(workload)
+        if odd:
+            print(f"\nwarning: prompt tokens differ between configurations: {odd}")
         cmp = result["compare"][workload]
         if cmp["ratios"]:
             print()
@@ -516,6 +534,9 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (a runner's timeout, a QUIET-lock watcher) unwinds like Ctrl-C, so the running
+    # configuration's server is stopped too instead of left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     output = Path(args.output)
     try:
         check_files(args)
@@ -538,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         "configs": configs,
         "compare": {w: compare(configs, w) for w in args.workloads},
         "same_text": text_identity(configs, args.workloads),
+        "prompt_tokens_differ": {w: d for w in args.workloads
+                                 if (d := prompt_token_mismatch(configs, w))},
     }
     print_report(result)
     write_json(output, result)

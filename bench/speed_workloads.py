@@ -9,7 +9,7 @@
 
 Everything is deterministic (seeded): every configuration of a run gets the same requests, so
 their temperature-0 answers can be compared text for text. Each workload yields user-message
-texts; bench/speed.py adds a per-request number in front (see `numbered`).
+texts (`messages` wraps one as a request).
 """
 
 from __future__ import annotations
@@ -331,8 +331,7 @@ def prompts(workload: str, n: int, seed: int) -> list[str]:
     return {"grounded": grounded, "code": code, "chat": chat}[workload](n, seed)
 
 
-def numbered(k: int, text: str) -> list[dict[str, str]]:
-    """The chat messages of request number `k` (counted within one configuration's run, so
-    every configuration sends the same texts). The number up front keeps the servers' prompt
-    caches from serving a repeated prompt: every TTFT is a full prefill."""
-    return [{"role": "user", "content": f"Request {k}. {text}"}]
+def messages(text: str) -> list[dict[str, str]]:
+    """A request's chat messages: the text as the one user message, no system message (the
+    chat template's default one applies, in both servers alike)."""
+    return [{"role": "user", "content": text}]

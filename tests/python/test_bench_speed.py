@@ -59,9 +59,8 @@ def test_chat_questions_vary_in_length_and_share_no_document():
     assert max(map(tokens, texts)) < 40
 
 
-def test_requests_carry_their_number_first():
-    msgs = speed_workloads.numbered(7, "Hello there.")
-    assert msgs == [{"role": "user", "content": "Request 7. Hello there."}]
+def test_a_request_is_the_text_alone_as_the_user_message():
+    assert speed_workloads.messages("Hello there.") == [{"role": "user", "content": "Hello there."}]
 
 
 # --- configurations ------------------------------------------------------------------------
@@ -105,6 +104,7 @@ def test_both_servers_get_the_same_model_threads_slots_and_context():
     assert peer[peer.index("--model-draft") + 1] == "draft.gguf"
     assert peer[peer.index("-t") + 1] == "3" and peer[peer.index("-np") + 1] == "4"
     assert peer[peer.index("-c") + 1] == str(4 * 1024), "llama-server's -c is shared by its slots"
+    assert "--no-cache-prompt" in peer and "--prefix-cache" in ours, "every request a full prefill"
     q8, _, _ = speed.server_argv("peer-q8kv", args)
     assert q8[q8.index("-ctk") + 1] == "q8_0" and q8[q8.index("-ctv") + 1] == "q8_0"
 
