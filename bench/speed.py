@@ -26,17 +26,18 @@ Each configuration runs on a fresh server, one at a time, warmed up on a short r
 workload: --prompts requests one at a time, then --rounds rounds of --streams requests
 released together (the prompts in turn). Prompt reuse is off in both servers (inferloopd
 --prefix-cache off --prompt-cache-ram-mb 0, llama-server --no-cache-prompt --cache-ram 0), so
-every request is a full prefill, repeats included.
-Measured on the client, from the stream (the same way for both servers):
+every request is a full prefill, repeats included. Measured the same way for both servers:
 
-* decode tok/s of a request = (completion_tokens - 1) / (last content delta - first content
-  delta), completion_tokens from the final usage; per stream: the median over the one-at-a-
-  time requests;
+* decode tok/s of a request = the server's `timings.predicted_per_second`: both compute it
+  as (generated tokens - 1) / (last token's time - first token's time), inside the server,
+  so how late the client reads the stream does not enter. The client's own figure from the
+  stream, (completion_tokens - 1) / (last content delta - first content delta), is kept
+  beside it in the JSON, and stands in for a response without timings (`decode_from` says
+  which). Per stream: the median over the one-at-a-time requests;
 * aggregate decode tok/s of a round = the sum of its streams' decode tok/s, the median over
   rounds (the JSON also has all completion tokens / the round's wall time, prefills
-  included, as bench.py's aggregate). The servers' own `timings.predicted_per_second` is
-  recorded beside the client's figure;
-* TTFT median (request sent -> first content delta) of the one-at-a-time requests;
+  included, as bench.py's aggregate);
+* TTFT median (client: request sent -> first content delta) of the one-at-a-time requests;
 * acceptance = accepted / drafted tokens, summed over the workload's requests from each
   response's `timings.draft_n` and `draft_n_accepted` (both servers), and for inferloopd also
   from /metrics (`inferloop_spec_drafted_tokens_total`, `..._accepted_tokens_total`).
@@ -184,12 +185,18 @@ def one_round(base_url: str, model_id: str, messages: list[list[dict[str, str]]]
 
 
 def record(r: dict[str, Any], index: int) -> dict[str, Any]:
-    """What the JSON keeps of a request: its prompt index, figures, drafts and text."""
+    """What the JSON keeps of a request: its prompt index, figures, drafts and text. Its
+    decode tok/s is the server's `timings.predicted_per_second` when there is one (both
+    servers compute it alike: tokens after the first over the time from the first token to
+    the last, in the server), else the client's figure from the stream."""
     t = r.get("server_timings") or {}
-    return {"prompt": index, "ttft_ms": r["ttft_ms"], "decode_tps": r["decode_tps"],
+    server = t.get("predicted_per_second") if r["completion_tokens"] > 1 else None
+    return {"prompt": index, "ttft_ms": r["ttft_ms"],
+            "decode_tps": server if server else r["decode_tps"],
+            "decode_from": "server" if server else "client",
+            "decode_tps_client": r["decode_tps"],
             "completion_tokens": r["completion_tokens"], "prompt_tokens": r["prompt_tokens"],
             "finish_reason": r["finish_reason"], "t_start": r["t_start"], "t_end": r["t_end"],
-            "predicted_per_second": t.get("predicted_per_second"),
             # llama-server leaves both out when it drafted nothing.
             "draft_n": t.get("draft_n", 0 if t else None),
             "draft_n_accepted": t.get("draft_n_accepted", 0 if t else None),
@@ -206,8 +213,8 @@ def run_workload(base_url: str, model_id: str, workload: str,
         r = stream_messages(base_url, model_id, speed_workloads.messages(text), args.max_tokens)
         single.append(record(r, i))
         print(f"    {workload} {i + 1}/{len(texts)}: {r['prompt_tokens']} prompt tokens, "
-              f"{r['completion_tokens']} generated, decode {fmt(r['decode_tps'])} tok/s",
-              file=sys.stderr)
+              f"{r['completion_tokens']} generated, decode {fmt(single[-1]['decode_tps'])} tok/s "
+              f"({single[-1]['decode_from']})", file=sys.stderr)
     rounds = []
     for n in range(args.rounds):
         idx = [(n * args.streams + j) % len(texts) for j in range(args.streams)]
@@ -298,7 +305,8 @@ def summarize(single: list[dict[str, Any]], rounds: list[dict[str, Any]],
         "single": {
             "requests": single,
             "decode_tps_median": median([r["decode_tps"] for r in single]),
-            "server_decode_tps_median": median([r["predicted_per_second"] for r in single]),
+            "client_decode_tps_median": median([r["decode_tps_client"] for r in single]),
+            "decode_from": sorted({r["decode_from"] for r in single + streams}),
             "ttft_ms_median": median([r["ttft_ms"] for r in single]),
             "completion_tokens_median": median([r["completion_tokens"] for r in single]),
             "prompt_tokens_range": [min(prompt_tokens), max(prompt_tokens)] if prompt_tokens else None,
@@ -432,8 +440,9 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"Decode speed  model={Path(c['model']).name}  threads={c['threads']}  slots={c['slots']}  "
           f"ctx={c['ctx']}  max_tokens={c['max_tokens']}  prompts={c['prompts']}  "
           f"rounds={c['rounds']}x{c['streams']} streams{'  (quick)' if c['quick'] else ''}")
-    print("decode tok/s: client side, (tokens - 1) / (last delta - first delta); 1-stream and "
-          "TTFT: medians of the one-at-a-time requests; agg: the streams' sum, median over rounds")
+    print("decode tok/s: the servers' timings, (tokens - 1) / (last token - first token); 1-stream "
+          "and TTFT (client): medians of the one-at-a-time requests; agg: the streams' sum, "
+          "median over rounds")
     for workload in c["workloads"]:
         ranges = [r["workloads"][workload]["single"]["prompt_tokens_range"]
                   for r in result["configs"].values()
@@ -528,8 +537,9 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "threads", "slots", "ctx", "prompts", "rounds", "streams", "max_tokens", "seed", "quick",
         "model", "draft_model", "workloads", "configs", "daemon_arg", "peer_arg")} | {
         "temperature": 0,
-        "decode_tps": "client: (usage.completion_tokens - 1) / (last content delta - first "
-                      "content delta); aggregate: the sum over a round's streams"}
+        "decode_tps": "the servers' timings.predicted_per_second, (generated - 1) / (last "
+                      "token - first token) in the server (records say decode_from: client "
+                      "when a response had none); aggregate: the sum over a round's streams"}
 
 
 def main(argv: list[str] | None = None) -> int:

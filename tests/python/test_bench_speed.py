@@ -129,7 +129,8 @@ def test_a_server_that_refuses_to_start_is_reported_unavailable(tmp_path):
 def req(prompt: int, tps: float, text: str = "x", drafted: int | None = 0, accepted: int | None = 0,
         ttft: float = 100.0, tokens_: int = 50) -> dict:
     return {"prompt": prompt, "ttft_ms": ttft, "decode_tps": tps, "completion_tokens": tokens_,
-            "prompt_tokens": 300 + prompt, "predicted_per_second": tps, "draft_n": drafted,
+            "prompt_tokens": 300 + prompt, "decode_tps_client": tps, "decode_from": "server",
+            "draft_n": drafted,
             "draft_n_accepted": accepted, "text": text, "t_start": 0.0, "t_end": 2.0}
 
 
@@ -142,15 +143,21 @@ def run(single_tps: list[float], agg: float, drafted: int = 0, accepted: int = 0
     return {"status": "ok", "workloads": {"grounded": w, "chat": w}}
 
 
-def test_record_takes_drafts_from_timings_and_zero_when_llama_server_drafted_nothing():
+def test_record_takes_decode_rate_and_drafts_from_the_servers_timings():
     base = {"ttft_ms": 1.0, "decode_tps": 2.0, "completion_tokens": 3, "prompt_tokens": 4,
             "finish_reason": "stop", "t_start": 0.0, "t_end": 1.0, "text": "t"}
     peer = speed.record({**base, "server_timings": {"predicted_per_second": 9.0}}, 0)
-    assert (peer["draft_n"], peer["draft_n_accepted"]) == (0, 0)
-    ours = speed.record({**base, "server_timings": {"draft_n": 10, "draft_n_accepted": 7}}, 1)
+    assert (peer["decode_tps"], peer["decode_from"], peer["decode_tps_client"]) == (9.0, "server", 2.0)
+    assert (peer["draft_n"], peer["draft_n_accepted"]) == (0, 0), "llama-server omits zeros"
+    ours = speed.record({**base, "server_timings": {"draft_n": 10, "draft_n_accepted": 7,
+                                                    "predicted_per_second": 8.0}}, 1)
     assert (ours["draft_n"], ours["draft_n_accepted"]) == (10, 7)
     none = speed.record({**base, "server_timings": None}, 2)
     assert none["draft_n"] is None
+    assert (none["decode_tps"], none["decode_from"]) == (2.0, "client")
+    one = speed.record({**base, "completion_tokens": 1, "decode_tps": None,
+                        "server_timings": {"predicted_per_second": 0.0}}, 3)
+    assert one["decode_tps"] is None, "one token has no decode rate"
     assert speed.acceptance([ours, peer]) == {"drafted": 10, "accepted": 7, "rate": 0.7}
     assert speed.acceptance([peer])["rate"] is None, "nothing drafted: no rate"
     assert speed.acceptance([none])["drafted"] is None
