@@ -218,3 +218,30 @@ def test_same_text_counts_answers_by_prompt_and_says_where_they_part():
                "ours-off": {"status": "ok", "workloads": {"code": {"single": {"requests": b}}}},
                "peer-ngram-simple": {"status": "unavailable", "workloads": {}}}
     assert list(speed.text_identity(configs, ["code"])) == ["ours-ngram/ours-off"]
+
+
+def test_report_prints_a_table_per_workload_the_ratios_and_what_did_not_run(capsys):
+    configs = {"ours-off": run([20.0, 20.0], 60.0), "ours-ngram": run([31.0, 31.0], 90.0, 10, 8),
+               "ours-draft": {"status": "unavailable", "reason": "--spec draft: not implemented",
+                              "workloads": {}}}
+    args = speed.parse_args(["--quick", "--workloads", "grounded", "chat"])
+    result = {"config": speed.config(args), "configs": configs,
+              "compare": {w: speed.compare(configs, w) for w in args.workloads},
+              "same_text": speed.text_identity(configs, args.workloads),
+              "prompt_tokens_differ": {}}
+    speed.print_report(result)
+    out = capsys.readouterr().out
+    assert "## grounded, 300-301 prompt tokens" in out and "## chat" in out
+    assert "ours-ngram/ours-off" in out and "PASS (>= 1.5)" in out and "PASS (>= 0.97)" in out
+    assert "ours-ngram/ours-off: grounded 2/2, chat 2/2" in out
+    assert "ours-draft: unavailable: --spec draft: not implemented" in out
+
+
+def test_differing_prompt_token_counts_are_reported():
+    a, b = run([20.0, 20.0], 60.0), run([20.0, 20.0], 60.0)
+    assert speed.prompt_token_mismatch({"ours-off": a, "peer-off": b}, "chat") == {}
+    for r in b["workloads"]["chat"]["single"]["requests"]:
+        r["prompt_tokens"] -= 21
+    b["workloads"] = {"chat": b["workloads"]["chat"]}
+    odd = speed.prompt_token_mismatch({"ours-off": a, "peer-off": b}, "chat")
+    assert odd == {"ours-off": [300, 301], "peer-off": [279, 280]}
