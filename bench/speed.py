@@ -206,19 +206,19 @@ def record(r: dict[str, Any], index: int) -> dict[str, Any]:
 def run_workload(base_url: str, model_id: str, workload: str,
                  args: argparse.Namespace) -> dict[str, Any]:
     """One workload on a running server: its requests one at a time, then the rounds."""
-    texts = speed_workloads.prompts(workload, args.prompts, args.seed)
+    requests = speed_workloads.prompts(workload, args.prompts, args.seed)
     before = prefix_metrics.scrape(base_url)
     single = []
-    for i, text in enumerate(texts):
-        r = stream_messages(base_url, model_id, speed_workloads.messages(text), args.max_tokens)
+    for i, messages in enumerate(requests):
+        r = stream_messages(base_url, model_id, messages, args.max_tokens)
         single.append(record(r, i))
-        print(f"    {workload} {i + 1}/{len(texts)}: {r['prompt_tokens']} prompt tokens, "
+        print(f"    {workload} {i + 1}/{len(requests)}: {r['prompt_tokens']} prompt tokens, "
               f"{r['completion_tokens']} generated, decode {fmt(single[-1]['decode_tps'])} tok/s "
               f"({single[-1]['decode_from']})", file=sys.stderr)
     rounds = []
     for n in range(args.rounds):
-        idx = [(n * args.streams + j) % len(texts) for j in range(args.streams)]
-        msgs = [speed_workloads.messages(texts[i]) for i in idx]
+        idx = [(n * args.streams + j) % len(requests) for j in range(args.streams)]
+        msgs = [requests[i] for i in idx]
         streams = [record(r, i) for r, i in zip(one_round(base_url, model_id, msgs, args.max_tokens), idx)]
         rounds.append({"streams": streams, "aggregate_decode_tps": aggregate_decode_tps(streams),
                        "aggregate_tps": round_tps(streams)})

@@ -1,20 +1,22 @@
 """The three workloads of bench/speed.py: where prompt-lookup drafts should hit, and where not.
 
 * grounded: a generated handbook of a few hundred to ~1500 tokens (lengths spread evenly
-  over the prompts) and a request whose answer quotes it: copy a section, quote the
-  sentences about something, extract the lines that carry a figure;
+  over the prompts) as the system message, and a request whose answer quotes it: copy a
+  section, say what it says about a topic in its own words;
 * code: a function of 20-60 lines (Python, JavaScript, Rust, C, Go) to return in full with
   one change;
 * chat: open-ended questions of varied length, whose answers share little with the prompt.
 
 Everything is deterministic (seeded): every configuration of a run gets the same requests, so
-their temperature-0 answers can be compared text for text. Each workload yields user-message
-texts (`messages` wraps one as a request).
+their temperature-0 answers can be compared text for text. Each workload yields the chat
+messages of its requests.
 """
 
 from __future__ import annotations
 
 import random
+
+Messages = list[dict[str, str]]
 
 WORKLOADS = ("grounded", "code", "chat")
 # Grounded documents, tokens: "a few hundred to ~1500".
@@ -72,11 +74,15 @@ SECTIONS = [
 PARTS = ["filter", "lid", "water tank", "base plate", "handle", "control panel", "drip tray",
          "fan cover", "battery pack", "power adapter"]
 COLOURS = ["green", "amber", "red", "blue", "white"]
+# The handbook goes in the system message and the request in the user's, as a RAG prompt
+# would have it: the 135M model quotes from a handbook placed there, and ignores one pasted
+# before the question ("Here is a handbook ... Copy the section ...": it rambles instead).
+GROUNDED_SYSTEM = "Answer from this handbook, quoting it.\n\n"
 GROUNDED_ASKS = [
-    "Copy the section titled \"{title}\" exactly as it is written, word for word.",
-    "Quote, word for word, every sentence of the section \"{title}\". Do not add anything.",
-    "What does the handbook say in the section \"{title}\"? Answer by quoting that section in full.",
-    "Extract the sentences of the \"{title}\" section and list them, one per line, unchanged.",
+    "Copy the \"{title}\" section of the handbook word for word.",
+    "What does the handbook say about {topic}?",
+    "What does the handbook say about {topic}? Use its own words.",
+    "Copy the \"{title}\" section of the handbook exactly, sentence by sentence.",
 ]
 
 
@@ -108,7 +114,7 @@ def handbook(seed: int, n_tokens: int) -> tuple[str, list[str]]:
     return "\n\n".join(parts), titles
 
 
-def grounded(n: int, seed: int) -> list[str]:
+def grounded(n: int, seed: int) -> list[Messages]:
     """`n` requests over handbooks whose lengths spread evenly across GROUNDED_TOKENS."""
     lo, hi = GROUNDED_TOKENS
     out = []
@@ -116,8 +122,11 @@ def grounded(n: int, seed: int) -> list[str]:
         tokens = lo if n == 1 else lo + (hi - lo) * i // (n - 1)
         doc, titles = handbook(seed * 1000 + i, tokens)
         rng = random.Random(seed * 1000 + 500 + i)
-        ask = GROUNDED_ASKS[i % len(GROUNDED_ASKS)].format(title=rng.choice(titles))
-        out.append(f"Here is a product handbook.\n\n{doc}\n\n{ask}")
+        title = rng.choice(titles)
+        ask = GROUNDED_ASKS[i % len(GROUNDED_ASKS)].format(
+            title=title, topic=title.split(" (")[0].lower())
+        out.append([{"role": "system", "content": GROUNDED_SYSTEM + doc},
+                    {"role": "user", "content": ask}])
     return out
 
 
@@ -290,16 +299,16 @@ FUNCTIONS: list[tuple[str, str, list[str]]] = [
 ]
 
 
-def code(n: int, seed: int) -> list[str]:
+def code(n: int, seed: int) -> list[Messages]:
     """`n` requests: the functions in turn, each time with its next change."""
     del seed  # fixed texts; the order alone varies them
     out = []
     for i in range(n):
         lang, source, changes = FUNCTIONS[i % len(FUNCTIONS)]
         change = changes[(i // len(FUNCTIONS)) % len(changes)]
-        out.append(f"Here is a {lang} function.\n\n```{lang}\n{source}```\n\n"
-                   f"Return the whole function with one change: {change}. "
-                   f"Keep everything else exactly as it is and reply with the code only.")
+        out.append(user(f"Here is a {lang} function.\n\n```{lang}\n{source}```\n\n"
+                        f"Return the whole function with one change: {change}. "
+                        f"Keep everything else exactly as it is and reply with the code only."))
     return out
 
 
@@ -319,19 +328,19 @@ CHAT = [
 ]
 
 
-def chat(n: int, seed: int) -> list[str]:
+def chat(n: int, seed: int) -> list[Messages]:
     """`n` open questions, in a seeded order, repeating only when `n` exceeds the list."""
     order = list(range(len(CHAT)))
     random.Random(seed).shuffle(order)
-    return [CHAT[order[i % len(order)]] for i in range(n)]
+    return [user(CHAT[order[i % len(order)]]) for i in range(n)]
 
 
-def prompts(workload: str, n: int, seed: int) -> list[str]:
-    """The user-message texts of `workload`'s `n` requests."""
+def prompts(workload: str, n: int, seed: int) -> list[Messages]:
+    """The chat messages of `workload`'s `n` requests."""
     return {"grounded": grounded, "code": code, "chat": chat}[workload](n, seed)
 
 
-def messages(text: str) -> list[dict[str, str]]:
-    """A request's chat messages: the text as the one user message, no system message (the
-    chat template's default one applies, in both servers alike)."""
+def user(text: str) -> Messages:
+    """A request of one user message and no system message (the chat template's default one
+    applies, in both servers alike)."""
     return [{"role": "user", "content": text}]

@@ -20,6 +20,10 @@ def tokens(text: str) -> float:
     return len(text) / speed_workloads.CHARS_PER_TOKEN
 
 
+def text(messages: list[dict]) -> str:
+    return "\n".join(m["content"] for m in messages)
+
+
 # --- workloads -----------------------------------------------------------------------------
 
 
@@ -27,40 +31,40 @@ def test_workloads_are_reproducible_and_every_prompt_is_its_own():
     for w in speed_workloads.WORKLOADS:
         first = speed_workloads.prompts(w, 6, seed=1)
         assert first == speed_workloads.prompts(w, 6, seed=1), w
-        assert len(first) == 6 and len(set(first)) == 6, f"{w}: a prompt repeated"
+        assert len(first) == 6 and len({text(m) for m in first}) == 6, f"{w}: a prompt repeated"
+        assert all(m[-1]["role"] == "user" for m in first)
     assert speed_workloads.prompts("grounded", 4, 1) != speed_workloads.prompts("grounded", 4, 2)
 
 
 def test_grounded_handbooks_spread_from_a_few_hundred_to_about_1500_tokens_and_ask_for_a_quote():
-    texts = speed_workloads.prompts("grounded", 6, seed=3)
-    sizes = [tokens(t) for t in texts]
+    requests = speed_workloads.prompts("grounded", 6, seed=3)
+    sizes = [tokens(text(m)) for m in requests]
     assert sizes == sorted(sizes), "lengths spread evenly, shortest first"
     assert 250 <= sizes[0] <= 450 and 1400 <= sizes[-1] <= 1700, sizes
-    for t in texts:
-        title = t.rsplit('"', 2)[1]
-        assert f"\n{title}\n" in t, f"the question names a section the handbook has: {title}"
-        assert any(w in t.splitlines()[-1] for w in ("word for word", "quoting", "unchanged"))
+    for system, ask in requests:
+        assert system["role"] == "system", "the handbook is the context, as RAG sends it"
+        titles = [p.split("\n", 1)[0] for p in system["content"].split("\n\n")[2:]]
+        named = [t for t in titles if f'"{t}"' in ask["content"]
+                 or f"about {t.split(' (')[0].lower()}?" in ask["content"]]
+        assert named, f"the question names a section the handbook has: {ask['content']}"
 
 
 def test_code_edits_return_whole_functions_of_20_to_60_lines_with_one_change():
     for lang, source, changes in speed_workloads.FUNCTIONS:
         assert 20 <= source.count("\n") <= 60, f"{lang}: {source.count(chr(10))} lines"
         assert len(changes) >= 1
-    texts = speed_workloads.prompts("code", 2 * len(speed_workloads.FUNCTIONS), seed=1)
-    for i, t in enumerate(texts):
+    requests = speed_workloads.prompts("code", 2 * len(speed_workloads.FUNCTIONS), seed=1)
+    for i, [m] in enumerate(requests):
         lang, source, changes = speed_workloads.FUNCTIONS[i % len(speed_workloads.FUNCTIONS)]
-        assert source in t, "the function verbatim, so the answer can copy it"
-        assert changes[i // len(speed_workloads.FUNCTIONS) % len(changes)] in t
+        assert source in m["content"], "the function verbatim, so the answer can copy it"
+        assert changes[i // len(speed_workloads.FUNCTIONS) % len(changes)] in m["content"]
 
 
 def test_chat_questions_vary_in_length_and_share_no_document():
-    texts = speed_workloads.prompts("chat", 6, seed=1)
-    assert len({len(t) for t in texts}) > 3
-    assert max(map(tokens, texts)) < 40
-
-
-def test_a_request_is_the_text_alone_as_the_user_message():
-    assert speed_workloads.messages("Hello there.") == [{"role": "user", "content": "Hello there."}]
+    requests = speed_workloads.prompts("chat", 6, seed=1)
+    assert all(len(m) == 1 for m in requests), "no system message: the template's default"
+    assert len({len(text(m)) for m in requests}) > 3
+    assert max(tokens(text(m)) for m in requests) < 40
 
 
 # --- configurations ------------------------------------------------------------------------
