@@ -427,8 +427,10 @@ def ratio_rows(cmp: dict[str, Any]) -> list[tuple[str, ...]]:
     rows = [("ratio (decode tok/s)", "1 stream", "4 streams", "target")]
     for key, r in cmp["ratios"].items():
         t = cmp["targets"].get(key)
-        verdict = "" if t is None else (
-            f"{ {True: 'PASS', False: 'FAIL', None: 'n/a'}[t['pass']] } (>= {t['least']:g})")
+        verdict = ""
+        if t is not None:
+            word = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
+            verdict = f"{word} (>= {t['least']:g})"
         label = key.replace("peer-best", f"peer-best ({cmp['peer_best']})") if cmp["peer_best"] else key
         rows.append((label, fmt(r["single"], 2), fmt(r["aggregate"], 2), verdict))
     return rows
