@@ -31,7 +31,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix bench-prefix-restart bench-prefix-smoke bench-kv kernels-check kernel-bench device-bundle fmt clippy clean venv
+.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix bench-prefix-restart bench-prefix-smoke bench-kv bench-speed kernels-check kernel-bench device-bundle fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -50,6 +50,7 @@ help:
 	@echo "  bench-prefix-restart  inferloopd's prompts warm after a restart (disk tier on, and off as the control) -> bench/results/prefix-restart.json"
 	@echo "  bench-prefix-smoke  bench/prefix.py's bands, tier table and restart run against a stand-in daemon (seconds, no model)"
 	@echo "  bench-kv  --kv-type f16/q8_0/q4_0: the largest slots x ctx one memory limit admits (boot check, then a real cgroup as root), golden KL against f16 KV -> bench/results/kv.json"
+	@echo "  bench-speed  speculative decoding (n-gram, draft model) and q8_0 KV: decode tok/s on grounded, code-edit and chat workloads vs llama-server's spec modes -> bench/results/speed.json"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -176,6 +177,16 @@ bench-prefix-restart: $(VENV)/.installed model build
 # BENCH_ARGS="--limit-mb 2048 --slots 4", "--fill" (worst case in the cgroup), "--no-golden".
 bench-kv: model build
 	python3 bench/kv.py --daemon $(BIN) --model $(MODEL) $(BENCH_ARGS)
+
+# Speculative decoding and q8_0 KV, side by side with llama-server's n-gram modes, on three
+# workloads (grounded, code edit, open chat). Tens of minutes; BENCH_ARGS="--quick" for a smoke
+# run, "--draft-model $(MODEL)" adds the draft-model configurations (the main model is then
+# $(MODEL_Q8) unless MODEL is set).
+bench-speed: $(VENV)/.installed model build
+	scripts/build-peer.sh
+	$(if $(findstring --draft-model,$(BENCH_ARGS)),$(MAKE) --no-print-directory model-q8)
+	$(VENV)/bin/python bench/speed.py --daemon $(BIN) --peer peer/llama-server \
+		$(if $(filter command line environment,$(origin MODEL)),--model $(MODEL)) $(BENCH_ARGS)
 
 # bench/prefix.py's plumbing against a stand-in daemon (bench/prefix_fake.py): seconds, no model.
 bench-prefix-smoke:
