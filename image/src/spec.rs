@@ -54,6 +54,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "prompt_cache_ram_mb",
     "prompt_cache_disk_mb",
     "spec",
+    "draft_model",
     "chat_template",
     "board",
     "sysfs_root",
@@ -684,6 +685,15 @@ fn check_config(mut config: toml::Table, board: &BoardProfile) -> Result<toml::T
             return Err(invalid(
                 "config",
                 format!("`{key}` is written by the builder (from [model] and the image layout); remove it"),
+            ));
+        }
+        if key == "draft_model" {
+            // The baked manifest pins only [model]: a draft model it does not pin would
+            // fail the box's first boot (exit 3).
+            return Err(invalid(
+                "config",
+                "`draft_model` cannot be baked yet: the image's manifest pins only [model], and \
+                 the daemon refuses a draft model its manifest does not pin",
             ));
         }
         if key == "api_key" {

@@ -158,6 +158,7 @@ fn builder_owned_and_secret_settings_are_refused() {
         "state_dir = \"/tmp\"",
         "manifest = \"/m.json\"",
         "api_key = \"secret\"",
+        "draft_model = \"/small.gguf\"",
     ] {
         assert!(
             matches!(
