@@ -17,6 +17,7 @@ use super::command::Command;
 use super::draft::{Ask, DraftModel};
 use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
+use super::speculate::{worth_verifying, StepCost};
 use super::state::State;
 use crate::engine::backend::seam::{Backend, SeqOutcome, StepPlan, Vocab, Work};
 use crate::engine::clock::Clock;
@@ -53,6 +54,8 @@ pub(super) struct Scheduler<'v, B> {
     pub(super) clock: Arc<dyn Clock>,
     /// The draft model, with `--spec draft`; without it drafts come from prompt lookup.
     draft: Option<DraftModel<'v>>,
+    /// What a step costs by its rows: whether a draft's rows are worth computing.
+    step_cost: StepCost,
 }
 
 impl<'v, B: Backend> Scheduler<'v, B> {
@@ -86,6 +89,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             plan,
             clock,
             draft: None,
+            step_cost: StepCost::default(),
         }
     }
 
@@ -318,9 +322,12 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         let started = self.clock.now();
         let outcomes = self.backend.step(&plan);
         // What prefilling costs here, against which a restore from the tiers is weighed.
+        let took = self.clock.now().saturating_duration_since(started);
         if prompt_tokens >= PREFILL_SAMPLE {
-            let took = self.clock.now().saturating_duration_since(started);
             self.store.costs.observe_prefill(plan.tokens(), took);
+        }
+        if prompt_tokens == 0 {
+            self.step_cost.observe(plan.tokens(), took.as_secs_f64());
         }
         self.idle_saved = false;
         drop(plan);
@@ -411,6 +418,38 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// Every decoding sequence that speculates gets its draft for this step: from the draft
     /// model, every drafting sequence in the same draft steps, or by prompt lookup.
     fn draft_all(&mut self) {
+        self.propose_drafts();
+        self.keep_drafts_worth_their_rows();
+    }
+
+    /// Cuts each draft to the length that raises the step's throughput most, none where
+    /// its rows would cost more than they are likely to yield ([`worth_verifying`]), once
+    /// the step cost is known.
+    fn keep_drafts_worth_their_rows(&mut self) {
+        let Some(cost) = self.step_cost.fit() else {
+            return;
+        };
+        let decoding = || self.seqs.iter().flatten().filter(|s| s.decoding());
+        let streams = decoding().count();
+        let mut rows = streams;
+        for seq in self.seqs.iter_mut().flatten() {
+            let (Some(drafter), false) = (seq.drafter.as_mut(), seq.verify.is_empty()) else {
+                continue;
+            };
+            let drafted = seq.verify.len() - 1;
+            let best = worth_verifying(cost, drafter.acceptance(), drafted, rows, streams);
+            let k = drafter.keep(best, drafted);
+            if k == 0 {
+                seq.verify.clear();
+            } else {
+                seq.verify.truncate(k + 1);
+            }
+            rows += k;
+        }
+    }
+
+    /// Every speculating sequence's draft: from the draft model, or by prompt lookup.
+    fn propose_drafts(&mut self) {
         let vocab = self.vocab;
         let Some(draft) = self.draft.as_mut() else {
             for seq in self.seqs.iter_mut().flatten() {

@@ -174,6 +174,11 @@ impl Sequence {
         drafter.k().min(room)
     }
 
+    /// Decoding: its next step feeds a sampled token.
+    pub fn decoding(&self) -> bool {
+        matches!(self.phase, Phase::Decoding { .. })
+    }
+
     /// The prompt, then every token generated (while speculating).
     pub fn history(&self) -> &[i32] {
         &self.history

@@ -33,7 +33,7 @@ const FIRST_PAUSE: u32 = 32;
 const LONGEST_PAUSE: u32 = 4096;
 
 /// One sequence's drafting state and counts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Drafter {
     /// Most tokens the next draft may propose.
     k: usize,
@@ -47,6 +47,13 @@ pub struct Drafter {
     /// `draft_n_accepted`).
     pub drafted: u32,
     pub accepted: u32,
+    /// Recent drafted positions actually tested (the accepted ones and the first
+    /// rejected one) and those accepted, halved as they grow: the chance that the next
+    /// drafted position is accepted.
+    tested: f64,
+    passed: f64,
+    /// Drafts dropped as not worth their rows since one was last tried.
+    skipped: u32,
 }
 
 impl Default for Drafter {
@@ -59,6 +66,9 @@ impl Default for Drafter {
             pause: FIRST_PAUSE,
             drafted: 0,
             accepted: 0,
+            tested: 0.0,
+            passed: 0.0,
+            skipped: 0,
         }
     }
 }
@@ -80,6 +90,11 @@ impl Drafter {
         let (d, a) = (drafted as u32, accepted as u32);
         self.drafted += d;
         self.accepted += a;
+        self.passed += f64::from(a);
+        self.tested += f64::from(a) + if accepted < drafted { 1.0 } else { 0.0 };
+        if self.tested > 64.0 {
+            (self.tested, self.passed) = (self.tested / 2.0, self.passed / 2.0);
+        }
         self.k = if accepted == drafted {
             (self.k + 1).min(MAX_DRAFT as usize)
         } else {
@@ -106,10 +121,102 @@ impl Drafter {
         self.k
     }
 
+    /// The chance that a drafted position is accepted, from recent verifications (a
+    /// hopeful prior of three in four before any, so that a sequence tries its drafts).
+    pub fn acceptance(&self) -> f64 {
+        (self.passed + 1.5) / (self.tested + 2.0)
+    }
+
+    /// Of `drafted` tokens, how many to verify when [`worth_verifying`] says `k`: a
+    /// sequence whose drafts are never worth it still tries a short one now and then
+    /// ([`RETRY_EVERY`]), or its acceptance would never be learnt again.
+    pub fn keep(&mut self, k: usize, drafted: usize) -> usize {
+        if k > 0 {
+            self.skipped = 0;
+            return k;
+        }
+        self.skipped += 1;
+        if self.skipped >= RETRY_EVERY {
+            self.skipped = 0;
+            return drafted.min(2);
+        }
+        0
+    }
+
     /// Whether drafting is paused at `generated` tokens.
     pub fn paused(&self, generated: u32) -> bool {
         generated < self.paused_until
     }
+}
+
+/// What a step costs as a function of the rows it computes, `c0 + c1 × rows`, fitted by
+/// least squares (recent steps weigh more) over steps that fed no prompt chunk: every row
+/// of a decode or a verification has its logits computed, so those rows cost alike.
+///
+/// Speculation is only worth its rows where they are cheap. Reading the weights dominates a
+/// GPU's step and extra rows are nearly free; on a CPU with a few cores each row costs a
+/// good part of a step, so a draft pays only when it is very likely accepted, and in a
+/// step shared by several streams its rows slow every one of them.
+#[derive(Debug, Clone, Default)]
+pub struct StepCost {
+    n: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+/// Drafts dropped in a row before a short one is tried anyway.
+pub const RETRY_EVERY: u32 = 16;
+
+/// How fast old steps fade from the fit.
+const COST_DECAY: f64 = 0.98;
+/// Steps observed before the fit is trusted.
+const COST_MIN_STEPS: f64 = 16.0;
+
+impl StepCost {
+    /// A step without prompt chunks computed `rows` rows in `secs`.
+    pub fn observe(&mut self, rows: usize, secs: f64) {
+        let x = rows as f64;
+        self.n = self.n * COST_DECAY + 1.0;
+        self.x = self.x * COST_DECAY + x;
+        self.y = self.y * COST_DECAY + secs;
+        self.xx = self.xx * COST_DECAY + x * x;
+        self.xy = self.xy * COST_DECAY + x * secs;
+    }
+
+    /// `(c0, c1)`, once enough steps of different widths were seen.
+    pub fn fit(&self) -> Option<(f64, f64)> {
+        let var = self.n * self.xx - self.x * self.x;
+        if self.n < COST_MIN_STEPS || var <= 1e-9 * self.n * self.n {
+            return None;
+        }
+        let c1 = ((self.n * self.xy - self.x * self.y) / var).max(0.0);
+        let c0 = ((self.y - c1 * self.x) / self.n).max(0.0);
+        (c0 + c1 > 0.0).then_some((c0, c1))
+    }
+}
+
+/// How many of `drafted` tokens to verify for a sequence whose drafted positions are each
+/// accepted with probability `a`, in a step that already computes `rows` rows for
+/// `streams` sequences: the `k` that maximises tokens produced per second over the whole
+/// step, 0 when drafting would lower it. With `k` drafts the sequence yields
+/// `1 + a + … + a^k` tokens on average and the step costs `c0 + c1 (rows + k)`.
+pub fn worth_verifying(
+    (c0, c1): (f64, f64),
+    a: f64,
+    drafted: usize,
+    rows: usize,
+    streams: usize,
+) -> usize {
+    let others = streams.saturating_sub(1) as f64;
+    let rate = |k: usize| {
+        let produced: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
+        (others + produced) / (c0 + c1 * (rows + k) as f64)
+    };
+    (0..=drafted)
+        .max_by(|&i, &j| rate(i).total_cmp(&rate(j)).then(j.cmp(&i)))
+        .unwrap_or(0)
 }
 
 /// The tokens that followed the latest earlier occurrence of `history`'s last `n` tokens,
@@ -192,6 +299,43 @@ mod tests {
         d.observe(3, 0, 10);
         assert_eq!(d.k, 1);
         assert!(d.drafted > 0 && d.accepted > 0);
+    }
+
+    #[test]
+    fn step_cost_is_fitted_from_steps_of_different_widths() {
+        let mut c = StepCost::default();
+        for i in 0..40 {
+            c.observe(1 + i % 5, 0.010 + 0.002 * (1 + i % 5) as f64);
+        }
+        let (c0, c1) = c.fit().expect("fitted");
+        assert!(
+            (c0 - 0.010).abs() < 1e-9 && (c1 - 0.002).abs() < 1e-9,
+            "{c0} {c1}"
+        );
+        let mut flat = StepCost::default();
+        for _ in 0..40 {
+            flat.observe(1, 0.01);
+        }
+        assert_eq!(
+            flat.fit(),
+            None,
+            "one width says nothing about a row's cost"
+        );
+    }
+
+    #[test]
+    fn drafts_are_verified_only_where_they_raise_throughput() {
+        // Rows nearly free (a GPU): a doubtful draft is worth several rows.
+        assert!(worth_verifying((0.010, 0.0001), 0.4, 8, 1, 1) >= 4);
+        assert_eq!(worth_verifying((0.010, 0.0001), 0.9, 8, 1, 1), 8);
+        // A row costs half a step (a CPU): only likely drafts, and fewer of them.
+        let cpu = (0.010, 0.005);
+        assert_eq!(worth_verifying(cpu, 0.3, 8, 1, 1), 0);
+        let k = worth_verifying(cpu, 0.9, 8, 1, 1);
+        assert!((3..=8).contains(&k), "{k}");
+        // Beside three other streams, the same draft slows all four: fewer rows pay.
+        assert!(worth_verifying(cpu, 0.9, 8, 4, 4) < k);
+        assert_eq!(worth_verifying(cpu, 0.6, 8, 4, 4), 0);
     }
 
     #[test]
