@@ -284,30 +284,20 @@ impl Manifest {
             field,
             message: message.to_string(),
         };
-        let pins = [
-            ("model", Some(&self.model)),
-            ("draft_model", self.draft_model.as_ref()),
-        ];
-        for (name, pin) in pins {
-            let Some(pin) = pin else { continue };
-            let field = |f: &str| -> &'static str {
-                match (name, f) {
-                    ("model", "path") => "model.path",
-                    ("model", "sha256") => "model.sha256",
-                    ("model", _) => "model.size",
-                    (_, "path") => "draft_model.path",
-                    (_, "sha256") => "draft_model.sha256",
-                    _ => "draft_model.size",
-                }
-            };
+        let model = (&self.model, ["model.path", "model.sha256", "model.size"]);
+        let draft = (self.draft_model.as_ref()).map(|pin| {
+            let fields = ["draft_model.path", "draft_model.sha256", "draft_model.size"];
+            (pin, fields)
+        });
+        for (pin, [path_field, sha_field, size_field]) in std::iter::once(model).chain(draft) {
             if pin.path.trim().is_empty() {
-                return Err(bad(field("path"), "must not be empty"));
+                return Err(bad(path_field, "must not be empty"));
             }
             if !is_sha256_hex(&pin.sha256) {
-                return Err(bad(field("sha256"), "must be 64 lowercase hex digits"));
+                return Err(bad(sha_field, "must be 64 lowercase hex digits"));
             }
             if pin.size == 0 {
-                return Err(bad(field("size"), "must be positive"));
+                return Err(bad(size_field, "must be positive"));
             }
         }
         Ok(())

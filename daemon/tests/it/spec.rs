@@ -24,6 +24,34 @@ pub(crate) const QUOTES: [&str; 4] = [
      `port`; add it and restart the service.",
 ];
 
+/// Asserts from /metrics that `d` accepted drafts, never more than it drafted; returns
+/// the accepted count.
+pub(crate) async fn assert_drafts_accepted(d: &Daemon) -> f64 {
+    let m = d.metrics().await;
+    let drafted = metric(&m, "inferloop_spec_drafted_tokens_total");
+    let accepted = metric(&m, "inferloop_spec_accepted_tokens_total");
+    assert!(
+        accepted > 0.0 && accepted <= drafted,
+        "{accepted} of {drafted}"
+    );
+    accepted
+}
+
+/// A prompt-lookup daemon with `slots` slots of 1024 and no prompt reuse, so each answer's
+/// steps depend on nothing else.
+fn ngram_daemon(slots: &str) -> Daemon {
+    Daemon::start(&[
+        "--slots",
+        slots,
+        "--ctx",
+        "1024",
+        "--prefix-cache",
+        "off",
+        "--spec",
+        "ngram",
+    ])
+}
+
 pub(crate) fn repeat(text: &str) -> Value {
     json!({
         "messages": [{"role": "user", "content": format!("Repeat exactly: {text}")}],
@@ -62,13 +90,7 @@ async fn prompt_lookup_keeps_temperature_zero_text_and_accepts_drafts() {
         differ.is_empty(),
         "texts differ with speculation: {differ:?}"
     );
-    let m = on.metrics().await;
-    let drafted = metric(&m, "inferloop_spec_drafted_tokens_total");
-    let accepted = metric(&m, "inferloop_spec_accepted_tokens_total");
-    assert!(
-        accepted > 0.0 && accepted <= drafted,
-        "{accepted} of {drafted}"
-    );
+    let accepted = assert_drafts_accepted(&on).await;
     let m = off.metrics().await;
     assert_eq!(metric(&m, "inferloop_spec_drafted_tokens_total"), 0.0);
 
@@ -242,17 +264,7 @@ async fn both_ways(d: &Daemon, body: Value, what: &str) -> (Value, Value) {
 
 #[tokio::test]
 async fn logprobs_stops_and_structured_output_hold_while_drafts_are_accepted() {
-    // No prompt reuse: each answer's steps depend on nothing else.
-    let d = Daemon::start(&[
-        "--slots",
-        "2",
-        "--ctx",
-        "1024",
-        "--prefix-cache",
-        "off",
-        "--spec",
-        "ngram",
-    ]);
+    let d = ngram_daemon("2");
 
     // logprobs: one entry per generated token, accepted drafts included, as without
     // speculation. A verification computes several rows of one sequence in one batch,
@@ -372,16 +384,7 @@ fn parting(alone: &[Value], got: &[Value]) -> Result<Option<(usize, f64)>, Strin
 
 #[tokio::test]
 async fn concurrent_speculating_streams_part_from_alone_only_at_near_ties() {
-    let d = &Daemon::start(&[
-        "--slots",
-        "4",
-        "--ctx",
-        "1024",
-        "--prefix-cache",
-        "off",
-        "--spec",
-        "ngram",
-    ]);
+    let d = &ngram_daemon("4");
     let with_logprobs = |i: usize, speculative: bool| {
         let mut body = quote(i, speculative);
         body["logprobs"] = json!(true);

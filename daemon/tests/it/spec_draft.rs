@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::golden::q8_model;
-use crate::harness::{find_model, metric, text_of, Daemon};
+use crate::harness::{find_model, text_of, Daemon};
 use crate::memory::sha256_of;
-use crate::spec::{repeat, QUOTES};
+use crate::spec::{assert_drafts_accepted, repeat, QUOTES};
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
@@ -65,13 +65,7 @@ async fn a_draft_model_drafts_for_the_q8_0_copy_keeping_temperature_zero_text() 
         differ.is_empty(),
         "texts differ with a draft model: {differ:?}"
     );
-    let m = on.metrics().await;
-    let drafted = metric(&m, "inferloop_spec_drafted_tokens_total");
-    let accepted = metric(&m, "inferloop_spec_accepted_tokens_total");
-    assert!(
-        accepted > 0.0 && accepted <= drafted,
-        "{accepted} of {drafted}"
-    );
+    assert_drafts_accepted(&on).await;
     let status = on.status().await;
     assert_eq!(status["speculative"]["mode"], "draft", "{status}");
     assert_eq!(status["speculative"]["draft_model"], path_str(&small));

@@ -164,14 +164,11 @@ impl Sequence {
         let (Phase::Decoding { .. }, Some(drafter)) = (&self.phase, &self.drafter) else {
             return 0;
         };
-        if drafter.paused(self.generated) {
-            return 0;
-        }
         let room = self
             .max_tokens
             .saturating_sub(self.generated)
             .saturating_sub(1) as usize;
-        drafter.k().min(room)
+        drafter.wants(self.generated, room)
     }
 
     /// Decoding: its next step feeds a sampled token.
@@ -188,24 +185,14 @@ impl Sequence {
     /// feed and a draft after it, or nothing when there is no draft.
     pub fn draft(&mut self, vocab: &dyn Vocab) {
         let k = self.draft_room();
-        let draft = super::speculate::lookup(&self.history, k).to_vec();
-        self.set_draft(vocab, &draft);
+        let draft = super::speculate::lookup(&self.history, k);
+        fill_verify(&mut self.verify, &self.phase, draft, vocab);
     }
 
-    /// Fills [`verify`](Self::verify) with `draft` (from a lookup or a draft model) after
-    /// the token to feed. The draft stops before an end-of-generation token: nothing is
-    /// sampled after the end, where a grammar has nothing left to allow.
+    /// Fills [`verify`](Self::verify) with `draft` (from a draft model) after the token to
+    /// feed.
     pub fn set_draft(&mut self, vocab: &dyn Vocab, draft: &[i32]) {
-        self.verify.clear();
-        let Phase::Decoding { next } = self.phase else {
-            return;
-        };
-        let end = draft.iter().position(|&t| vocab.is_end(t));
-        let draft = &draft[..end.unwrap_or(draft.len())];
-        if !draft.is_empty() {
-            self.verify.push(next);
-            self.verify.extend_from_slice(draft);
-        }
+        fill_verify(&mut self.verify, &self.phase, draft, vocab);
     }
 
     /// This step's verification fed `drafted` drafts and the backend accepted `accepted`.
@@ -407,5 +394,21 @@ fn per_second(n: f64, ms: f64) -> f64 {
         n * 1000.0 / ms
     } else {
         0.0
+    }
+}
+
+/// A verification's tokens: the token sampled last, then `draft` up to an end-of-generation
+/// token (nothing is sampled after the end, where a grammar has nothing left to allow);
+/// empty when there is no draft or the sequence is not decoding.
+fn fill_verify(verify: &mut Vec<i32>, phase: &Phase, draft: &[i32], vocab: &dyn Vocab) {
+    verify.clear();
+    let Phase::Decoding { next } = *phase else {
+        return;
+    };
+    let end = draft.iter().position(|&t| vocab.is_end(t));
+    let draft = &draft[..end.unwrap_or(draft.len())];
+    if !draft.is_empty() {
+        verify.push(next);
+        verify.extend_from_slice(draft);
     }
 }

@@ -79,10 +79,17 @@ impl Drafter {
     /// sequence's output so far.
     pub fn propose(&self, history: &[i32], generated: u32, room: usize, out: &mut Vec<i32>) {
         out.clear();
-        if generated < self.paused_until {
-            return;
+        out.extend_from_slice(lookup(history, self.wants(generated, room)));
+    }
+
+    /// How many tokens the next draft may propose at `generated` tokens with `room` left:
+    /// none while paused, else the current length within the room.
+    pub fn wants(&self, generated: u32, room: usize) -> usize {
+        if self.paused(generated) {
+            0
+        } else {
+            self.k.min(room)
         }
-        out.extend_from_slice(lookup(history, self.k.min(room)));
     }
 
     /// A verification fed `drafted` tokens, of which the first `accepted` were accepted.
@@ -114,11 +121,6 @@ impl Drafter {
         } else {
             self.pause = FIRST_PAUSE;
         }
-    }
-
-    /// Most tokens the next draft may propose.
-    pub fn k(&self) -> usize {
-        self.k
     }
 
     /// The chance that a drafted position is accepted, from recent verifications (a
