@@ -19,7 +19,7 @@ mod layer;
 mod tests;
 mod thermal;
 
-pub use choices::{BackendChoice, DeviceChoice, KvType, KvTypes, PrefixCache, Spec};
+pub use choices::{BackendChoice, DeviceChoice, KvType, KvTypes, PrefixCache, Spec, SpecGate};
 pub use error::ConfigError;
 pub use layer::ServeLayer;
 pub use thermal::{ThermalSettings, DEFAULT_THERMAL_INTERVAL_MS};
@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub prompt_cache_disk: u64,
     /// Speculative decoding (`--spec`).
     pub spec: Spec,
+    /// Which drafts a step verifies (`--spec-gate`).
+    pub spec_gate: SpecGate,
     /// The model that drafts for `--spec draft` (set exactly when `spec` is `draft`).
     pub draft_model: Option<PathBuf>,
     pub host: IpAddr,
@@ -240,6 +242,7 @@ impl ServeConfig {
             prompt_cache_ram,
             prompt_cache_disk,
             spec,
+            spec_gate: l.spec_gate.unwrap_or_default(),
             draft_model,
             host,
             port: l.port.unwrap_or(8080),

@@ -59,6 +59,31 @@ pub enum Spec {
     Off,
 }
 
+/// Which drafts a step verifies (`--spec-gate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecGate {
+    /// Only the drafts whose rows the measured step cost says raise throughput.
+    #[default]
+    Cost,
+    /// Every draft, at the length its acceptance rate allows: for a GPU whose extra rows
+    /// are nearly free, for benchmarks, and for tests that must see drafts verified on a
+    /// machine too loaded to measure step costs.
+    Always,
+}
+
+impl std::str::FromStr for SpecGate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "cost" => Ok(SpecGate::Cost),
+            "always" => Ok(SpecGate::Always),
+            other => Err(format!("expected `cost` or `always`, got `{other}`")),
+        }
+    }
+}
+
 impl Spec {
     pub fn enabled(self) -> bool {
         self != Spec::Off

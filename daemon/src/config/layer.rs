@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::choices::{BackendChoice, DeviceChoice, KvTypes, PrefixCache, Spec};
+use super::choices::{BackendChoice, DeviceChoice, KvTypes, PrefixCache, Spec, SpecGate};
 
 /// One layer of settings; every field optional so layers can be merged.
 /// The same keys are accepted in the TOML file (snake_case) and as flags (kebab-case).
@@ -134,6 +134,11 @@ pub struct ServeLayer {
     /// itself where they keep missing. A request opts out with `"speculative": false`.
     #[arg(long, value_name = "ngram|draft|off")]
     pub spec: Option<Spec>,
+    /// Which drafts a step verifies: `cost` (default) only those the measured cost of a
+    /// step's rows says will raise throughput, `always` every draft at the length its
+    /// acceptance rate allows.
+    #[arg(long, value_name = "cost|always")]
+    pub spec_gate: Option<SpecGate>,
     /// A smaller model with the same vocabulary that drafts for `--spec draft` (checked at
     /// load; pinned by the manifest's `draft_model` when a manifest is used; counted by
     /// the memory ledger).

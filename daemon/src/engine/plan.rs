@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ConfigError, KvTypes, PrefixCache, ServeConfig, Spec};
+use crate::config::{ConfigError, KvTypes, PrefixCache, ServeConfig, Spec, SpecGate};
 use crate::engine::prompt_cache::{DiskPlan, TiersPlan};
 use crate::metrics::text::TextWriter;
 
@@ -50,6 +50,8 @@ pub struct EnginePlan {
     pub prompt_cache: TiersPlan,
     /// Speculative decoding (`--spec`).
     pub spec: Spec,
+    /// Which drafts a step verifies (`--spec-gate`).
+    pub spec_gate: SpecGate,
     #[serde(skip)]
     pub queue_timeout: Duration,
     /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
@@ -76,6 +78,7 @@ pub struct PlanSpec {
     /// ledger's headroom.
     pub prompt_cache: TiersPlan,
     pub spec: Spec,
+    pub spec_gate: SpecGate,
     pub queue_timeout: Duration,
     pub debug_stall_file: Option<PathBuf>,
 }
@@ -94,6 +97,7 @@ impl PlanSpec {
             prefix_slots: None,
             prompt_cache: TiersPlan::default(),
             spec: Spec::Ngram,
+            spec_gate: SpecGate::Cost,
             queue_timeout: Duration::from_secs(30),
             debug_stall_file: None,
         }
@@ -123,6 +127,7 @@ impl EnginePlan {
                 }),
             },
             spec: config.spec,
+            spec_gate: config.spec_gate,
             queue_timeout: config.queue_timeout,
             debug_stall_file: config.debug_stall_file.clone(),
         })
@@ -184,6 +189,7 @@ impl EnginePlan {
                 TiersPlan::default()
             },
             spec: spec.spec,
+            spec_gate: spec.spec_gate,
             queue_timeout: spec.queue_timeout,
             debug_stall_file: spec.debug_stall_file,
         })

@@ -198,6 +198,7 @@ fn spec_status(
     json!({
         "mode": plan.spec,
         "draft_model": draft_model.map(|p| p.display().to_string()),
+        "gate": plan.spec_gate,
         "max_draft": crate::engine::plan::MAX_DRAFT,
         "drafted_tokens_total": drafted,
         "accepted_tokens_total": accepted,

@@ -49,6 +49,10 @@ fn ngram_daemon(slots: &str) -> Daemon {
         "off",
         "--spec",
         "ngram",
+        // Drafts verified whatever the step costs measure: a loaded test machine can
+        // make the cost gate drop them all.
+        "--spec-gate",
+        "always",
     ])
 }
 
@@ -64,7 +68,7 @@ pub(crate) fn repeat(text: &str) -> Value {
 async fn prompt_lookup_keeps_temperature_zero_text_and_accepts_drafts() {
     // One slot and no prompt reuse: each request's steps depend on nothing else.
     let args = ["--slots", "1", "--ctx", "1024", "--prefix-cache", "off"];
-    let on = Daemon::start(&[&args[..], &["--spec", "ngram"]].concat());
+    let on = Daemon::start(&[&args[..], &["--spec", "ngram", "--spec-gate", "always"]].concat());
     let off = Daemon::start(&[&args[..], &["--spec", "off"]].concat());
     let mut differ = Vec::new();
     for quote in QUOTES {
@@ -153,7 +157,16 @@ fn drafted(v: &Value) -> (u64, u64) {
 
 #[tokio::test]
 async fn sampled_continuations_follow_one_law_with_and_without_speculation() {
-    let d = &Daemon::start(&["--slots", "4", "--ctx", "256", "--spec", "ngram"]);
+    let d = &Daemon::start(&[
+        "--slots",
+        "4",
+        "--ctx",
+        "256",
+        "--spec",
+        "ngram",
+        "--spec-gate",
+        "always",
+    ]);
     // The arms interleaved, so both meet the same batches and load. Disjoint seeds: two
     // independent samples (the same seed would draw the same text, see below).
     let bodies = (1..=PER_ARM)

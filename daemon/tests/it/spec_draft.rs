@@ -39,7 +39,13 @@ async fn a_draft_model_drafts_for_the_q8_0_copy_keeping_temperature_zero_text() 
         "off",
     ];
     // A draft model alone makes `draft` the mode.
-    let on = Daemon::start(&[&args[..], &["--draft-model", path_str(&small)]].concat());
+    let on = Daemon::start(
+        &[
+            &args[..],
+            &["--draft-model", path_str(&small), "--spec-gate", "always"],
+        ]
+        .concat(),
+    );
     let off = Daemon::start(&[&args[..], &["--spec", "off"]].concat());
     let open = json!({
         "messages": [{"role": "user", "content": "Write two sentences about the sea."}],

@@ -19,6 +19,7 @@ use super::prefix::{tail_start, PrefixIndex};
 use super::sequence::{End, Phase, Sequence};
 use super::speculate::{worth_verifying, StepCost};
 use super::state::State;
+use crate::config::SpecGate;
 use crate::engine::backend::seam::{Backend, SeqOutcome, StepPlan, Vocab, Work};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;
@@ -426,6 +427,9 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     /// its rows would cost more than they are likely to yield ([`worth_verifying`]), once
     /// the step cost is known.
     fn keep_drafts_worth_their_rows(&mut self) {
+        if self.plan.spec_gate == SpecGate::Always {
+            return;
+        }
         let Some(cost) = self.step_cost.fit() else {
             return;
         };

@@ -49,6 +49,7 @@ pub(super) fn plan(slots: usize, queue: usize) -> EnginePlan {
         prompt_cache: TiersPlan::default(),
         // Speculation changes how many steps a request takes: its own tests turn it on.
         spec: Spec::Off,
+        spec_gate: crate::config::SpecGate::Cost,
         queue_timeout: Duration::from_secs(10),
         debug_stall_file: None,
     }

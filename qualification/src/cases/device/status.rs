@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) fn register(r: &mut Registry) {
     // ---- /v1/status ----
-    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared,type{k,v} ∈ f16|q8_0|q4_0,cell_bytes > 0 dividing the ledger's kv term}, memory{fits,required_bytes,terms}, integrity, prefix_cache{mode,hit_rate,tiers{ram{budget_bytes,bytes,entries,hit_tokens},disk: null or with ready}}, speculative{mode ∈ ngram|draft|off,max_draft,accepted ≤ drafted,acceptance_rate their ratio}", |c, ev| {
+    r.add(G, "device.status.schema", "/v1/status has the documented schema", "version, ready, uptime_s, model{id,n_params}, slots{total,active,idle,max_active,ctx_per_slot}, queue{depth,capacity,timeout_ms}, kv{cells,reserved,shared,type{k,v} ∈ f16|q8_0|q4_0,cell_bytes > 0 dividing the ledger's kv term}, memory{fits,required_bytes,terms}, integrity, prefix_cache{mode,hit_rate,tiers{ram{budget_bytes,bytes,entries,hit_tokens},disk: null or with ready}}, speculative{mode ∈ ngram|draft|off,gate ∈ cost|always,max_draft,accepted ≤ drafted,acceptance_rate their ratio}", |c, ev| {
         let s = c.target.status()?;
         ev.put("status", s.clone());
         let checks: [TypeCheck; 32] = [
@@ -73,6 +73,11 @@ pub(super) fn register(r: &mut Registry) {
         ensure!(
             ["ngram", "draft", "off"].contains(&spec["mode"].as_str().unwrap_or_default()),
             "/speculative/mode ngram|draft|off",
+            spec.to_string()
+        );
+        ensure!(
+            ["cost", "always"].contains(&spec["gate"].as_str().unwrap_or_default()),
+            "/speculative/gate cost|always",
             spec.to_string()
         );
         let drafted = spec["drafted_tokens_total"].as_u64().unwrap_or(0);

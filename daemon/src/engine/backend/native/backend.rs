@@ -656,6 +656,7 @@ mod tests {
             prefix_slots: 0,
             prompt_cache: Default::default(),
             spec: crate::config::Spec::Ngram,
+            spec_gate: crate::config::SpecGate::Cost,
             queue_timeout: Duration::from_secs(10),
             debug_stall_file: None,
         };
