@@ -142,11 +142,15 @@ pub(super) async fn submit(
     if let Some(lark) = req.tools.as_ref().and_then(|t| t.grammar(tool_format)) {
         req.grammar = Some(Grammar::Lark(lark));
     }
+    // The fields a grammar came from, when not the route's own format field.
+    let (format, schema) = req
+        .grammar_from
+        .map_or((fields.format, fields.schema), |f| (f.field, f.schema));
     if req.grammar.is_some() {
         let param = if req.tools.is_some() {
             "tool_choice"
         } else {
-            fields.format
+            format
         };
         let what = format!("`{param}`");
         if let Some(why) = engine
@@ -157,11 +161,7 @@ pub(super) async fn submit(
         }
     }
     if let Some(grammar) = req.grammar.take() {
-        let param = if req.tools.is_some() {
-            "tools"
-        } else {
-            fields.schema
-        };
+        let param = if req.tools.is_some() { "tools" } else { schema };
         req.sampling.constraint = Some(compile(&engine, grammar, param).await?);
     }
     let logprobs = req.sampling.logprobs.is_some();

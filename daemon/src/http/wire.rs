@@ -1,7 +1,9 @@
-//! OpenAI wire types: what clients send and what we answer. Unknown request fields are
-//! ignored, as OpenAI does; wrong types are caught by serde and named by path. Fields OpenAI
-//! defines that this server does not implement are read loosely (`Value`) so that
-//! validation can refuse them by name instead of dropping them.
+//! OpenAI wire types: what clients send and what we answer. A request field this server
+//! does not know is refused by name, as OpenAI refuses an unrecognised argument, so that
+//! no client believes a field acted when it was dropped; wrong types are caught by serde
+//! and named by path. Fields OpenAI or llama-server define that this server does not
+//! implement are read loosely (`Value`) so that validation can accept the values that ask
+//! for nothing and refuse the rest by name (see `validate::extensions`).
 
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
@@ -12,7 +14,55 @@ use crate::engine::{FinishReason, Timings, TokenLogprob, Usage};
 /// Reported as `system_fingerprint`: the daemon build that produced the output.
 pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
 
+/// llama-server's request fields that this server reads only to judge (its
+/// `tools/server/server-schema.cpp` and chat parameters): each generation request type
+/// gets them as loose `Value`s, and `llama_extensions()` lists those a request set, for
+/// `validate::extensions` to accept as no-ops or refuse by name. `json_schema`,
+/// `grammar` and `n_predict` act, and are typed fields of their own.
+macro_rules! llama_extensions {
+    ($(#[$m:meta])* pub struct $name:ident { $($field:tt)* }) => {
+        llama_extensions!(@with $(#[$m])* $name { $($field)* } [
+            cache_prompt, n_probs, id_slot, samplers, typical_p, repeat_penalty,
+            repeat_last_n, penalize_nl, dry_multiplier, dry_base, dry_allowed_length,
+            dry_penalty_last_n, dry_sequence_breakers, xtc_probability, xtc_threshold,
+            mirostat, mirostat_tau, mirostat_eta, dynatemp_range, dynatemp_exponent,
+            top_n_sigma, min_keep, adaptive_target, adaptive_decay, ignore_eos,
+            t_max_predict_ms, t_max_prompt_ms, n_keep, n_discard, n_indent, n_cmpl,
+            n_cache_reuse, return_tokens, post_sampling_probs, timings_per_token,
+            return_progress, verbose, lora, image_data, response_fields, grammar_lazy,
+            grammar_triggers, grammar_type, preserved_tokens, backend_sampling,
+            sse_ping_interval, chat_format, chat_parser, generation_prompt,
+            parse_tool_calls, reasoning_format, reasoning_budget_tokens,
+            reasoning_budget_message, thinking_budget_tokens, reasoning_control,
+            chat_template_kwargs, add_generation_prompt, continue_final_message
+        ]);
+    };
+    (@with $(#[$m:meta])* $name:ident { $($field:tt)* } [$($ext:ident),*]) => {
+        $(#[$m])*
+        pub struct $name {
+            $($field)*
+            $(pub $ext: Option<::serde_json::Value>,)*
+        }
+
+        impl $name {
+            /// The llama-server fields this request set (not null), by name.
+            pub fn llama_extensions(&self) -> Vec<(&'static str, &::serde_json::Value)> {
+                [$((stringify!($ext), &self.$ext)),*]
+                    .into_iter()
+                    .filter_map(|(name, v)| v.as_ref().filter(|v| !v.is_null()).map(|v| (name, v)))
+                    .collect()
+            }
+
+            /// Every llama-server field the request type reads loosely.
+            #[cfg(test)]
+            pub const LLAMA_EXTENSIONS: &'static [&'static str] = &[$(stringify!($ext)),*];
+        }
+    };
+}
+
+llama_extensions! {
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
     pub messages: Vec<WireMessage>,
@@ -50,9 +100,25 @@ pub struct ChatCompletionRequest {
     pub verbosity: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
+    // OpenAI's labels: they name or group a request and change nothing in the answer.
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub prompt_cache_retention: Option<String>,
+    pub metadata: Option<Map<String, Value>>,
+    /// llama-server: the longest answer, in tokens (`-1`: no limit); `max_tokens` by
+    /// another name.
+    pub n_predict: Option<i64>,
+    /// llama-server: a JSON schema the answer must match, as `response_format` would set.
+    pub json_schema: Option<Value>,
+    /// llama-server: a grammar the answer must match (see `validate::format::grammar`).
+    pub grammar: Option<Value>,
+}
 }
 
+llama_extensions! {
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptField,
@@ -79,6 +145,15 @@ pub struct CompletionRequest {
     // OpenAI fields refused unless they ask for nothing.
     pub best_of: Option<u32>,
     pub suffix: Option<String>,
+    /// OpenAI's end-user label; changes nothing in the answer.
+    pub user: Option<String>,
+    /// llama-server: `max_tokens` by another name (`-1`: up to the context's end).
+    pub n_predict: Option<i64>,
+    /// llama-server: a JSON schema the text must match.
+    pub json_schema: Option<Value>,
+    /// llama-server: a grammar the text must match (see `validate::format::grammar`).
+    pub grammar: Option<Value>,
+}
 }
 
 /// Sampling fields shared by both generation routes. They are repeated in each request

@@ -395,3 +395,20 @@ fn a_failed_stream_sends_error_then_response_failed() {
     assert_eq!(events[1]["response"]["status"], "failed");
     assert_eq!(events[1]["response"]["error"]["code"], "server_error");
 }
+
+#[test]
+fn openais_labels_are_accepted_and_an_unknown_field_is_refused_by_name() {
+    translate(json!({"input": "x", "user": "u", "safety_identifier": "s",
+        "prompt_cache_retention": "24h", "stream_options": {"include_obfuscation": false},
+        "reasoning": {"effort": "low"}}))
+    .expect("labels");
+    let wire = validate::parse_json::<super::wire::ResponsesRequest>(
+        json!({"input": "x", "cache_prompt": true})
+            .to_string()
+            .as_bytes(),
+    );
+    match wire {
+        Err(InvalidRequest::Field { param, .. }) => assert_eq!(param, "cache_prompt"),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}

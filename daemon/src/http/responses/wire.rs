@@ -7,10 +7,11 @@ use serde_json::{Map, Value};
 
 use crate::engine::Usage;
 
-/// `POST /v1/responses`. Unknown fields are ignored, as OpenAI does; fields that ask for
-/// what a stateless server cannot do are read loosely so that validation refuses them by
-/// name.
+/// `POST /v1/responses`. A field this server does not know is refused by name, as OpenAI
+/// refuses an unrecognised argument; fields that ask for what a stateless server cannot
+/// do are read loosely so that validation refuses them by name.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
     /// A string, or a list of items (`message`, `function_call`, `function_call_output`).
@@ -41,6 +42,17 @@ pub struct ResponsesRequest {
     pub top_logprobs: Option<Value>,
     pub max_tool_calls: Option<Value>,
     pub service_tier: Option<Value>,
+    /// Accepted with no effect: the model writes no reasoning (`{"summary": …}`, `effort`).
+    pub reasoning: Option<Value>,
+    /// Accepted with no effect: `include_obfuscation` pads events this server never pads.
+    pub stream_options: Option<Value>,
+    // Labels: they name or group a request and change nothing in the answer
+    // (`client_metadata` is the Codex CLI's).
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub prompt_cache_retention: Option<String>,
+    pub client_metadata: Option<Map<String, Value>>,
 }
 
 /// What a response repeats of its request.

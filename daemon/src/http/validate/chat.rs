@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use super::format::response_format;
+use super::extensions;
+use super::format::output_grammar;
 use super::output::{check_max_tokens, check_n, stops, stream_usage};
 use super::request::{unsupported, Input, InvalidRequest, ValidRequest};
 use super::sampling::{logit_bias, sampling};
@@ -17,6 +18,7 @@ use crate::tools::{PastCall, ToolUse};
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
     unsupported_chat(&req)?;
+    extensions::check(&req.llama_extensions())?;
     let mut sampling = sampling(&req.sampling())?;
     sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
     sampling.logprobs = match (req.logprobs, req.top_logprobs) {
@@ -127,26 +129,36 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         });
     }
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(n), _) => Some(check_max_tokens("max_completion_tokens", n)?),
-        (None, Some(n)) => Some(check_max_tokens("max_tokens", n)?),
+        (Some(n), _) => Some((
+            "max_completion_tokens",
+            check_max_tokens("max_completion_tokens", n)?,
+        )),
+        (None, Some(n)) => Some(("max_tokens", check_max_tokens("max_tokens", n)?)),
         (None, None) => None,
     };
+    let max_tokens = extensions::n_predict(req.n_predict, max_tokens)?;
     let stream = req.stream.unwrap_or(false);
     let tools = tool_use(
         req.tools.as_ref(),
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
     )?;
-    let format = response_format(req.response_format.as_ref())?;
+    let format = output_grammar(
+        req.response_format.as_ref(),
+        req.json_schema.as_ref(),
+        req.grammar.as_ref(),
+    )?;
     // A forced call's grammar depends on the model's form: it is built when the request
     // meets the model (see `http::generate`).
-    if format.is_some() && tools.as_ref().is_some_and(ToolUse::forces) {
-        return Err(InvalidRequest::field(
-            "response_format",
-            "cannot be combined with a `tool_choice` that forces a call",
-        ));
+    if let Some((_, from)) = &format {
+        if tools.as_ref().is_some_and(ToolUse::forces) {
+            return Err(InvalidRequest::field(
+                from.field,
+                "cannot be combined with a `tool_choice` that forces a call",
+            ));
+        }
     }
-    let grammar = format;
+    let (grammar, grammar_from) = format.unzip();
     Ok(ValidRequest {
         model: req.model,
         input: Input::Chat(turns),
@@ -158,6 +170,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         echo: false,
         parse_special: false,
         grammar,
+        grammar_from,
         tools,
         speculative: req.speculative.unwrap_or(true),
     })
@@ -165,8 +178,8 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
 
 /// Fields OpenAI defines for chat that would change the answer and that this server does
 /// not implement: each is refused by name unless its value asks for nothing. `user`,
-/// `metadata`, `safety_identifier` and `prompt_cache_key` only label a request, so they
-/// are ignored, as unknown fields are. `tools`, `tool_choice`, `parallel_tool_calls` and
+/// `metadata`, `safety_identifier`, `prompt_cache_key` and `prompt_cache_retention` only
+/// label a request, so they are accepted and change nothing. `tools`, `tool_choice`, `parallel_tool_calls` and
 /// `response_format` are checked by [`tool_use`] and [`response_format`].
 fn unsupported_chat(req: &ChatCompletionRequest) -> Result<(), InvalidRequest> {
     let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());

@@ -1,5 +1,7 @@
 //! `/v1/completions`: a raw prompt, with the legacy endpoint's defaults and limits.
 
+use super::extensions;
+use super::format::output_grammar;
 use super::output::{check_max_tokens, check_n, stops, stream_usage};
 use super::request::{unsupported, Input, InvalidRequest, ValidRequest};
 use super::sampling::{logit_bias, sampling};
@@ -12,6 +14,8 @@ const MAX_COMPLETION_LOGPROBS: u32 = 5;
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
     check_n(req.n)?;
     unsupported_completion(&req)?;
+    extensions::check(&req.llama_extensions())?;
+    let format = output_grammar(None, req.json_schema.as_ref(), req.grammar.as_ref())?;
     let mut sampling = sampling(&req.sampling())?;
     sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
     sampling.logprobs = match req.logprobs {
@@ -51,20 +55,30 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
             "must not contain NUL characters",
         ));
     }
-    // The legacy endpoint's default, as OpenAI documents it.
-    let max_tokens = check_max_tokens("max_tokens", req.max_tokens.unwrap_or(16))?;
+    // The legacy endpoint's default, as OpenAI documents it, unless llama-server's
+    // `n_predict` sets another (`-1`: up to the context's end).
+    let max_tokens = req
+        .max_tokens
+        .map(|n| check_max_tokens("max_tokens", n).map(|n| ("max_tokens", n)))
+        .transpose()?;
+    let max_tokens = match (req.n_predict, max_tokens) {
+        (None, None) => Some(16),
+        (n, given) => extensions::n_predict(n, given)?,
+    };
     let stream = req.stream.unwrap_or(false);
+    let (grammar, grammar_from) = format.unzip();
     Ok(ValidRequest {
         model: req.model,
         input: Input::Text(prompt),
-        max_tokens: Some(max_tokens),
+        max_tokens,
         sampling,
         stop: stops(req.stop)?,
         include_usage: stream_usage(stream, req.stream_options)?,
         stream,
         echo: req.echo.unwrap_or(false),
         parse_special: req.parse_special.unwrap_or(false),
-        grammar: None,
+        grammar,
+        grammar_from,
         tools: None,
         speculative: req.speculative.unwrap_or(true),
     })

@@ -1,5 +1,5 @@
 //! The JSON body of any request, read strictly: an object, no trailing bytes, no duplicate
-//! keys, a type error naming the field.
+//! keys, no unknown field, a type error naming the field.
 
 use serde::de::DeserializeOwned;
 
@@ -41,6 +41,23 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, InvalidRequest>
         return Err(InvalidRequest::field(
             &param,
             "appears more than once: duplicate keys are ambiguous",
+        ));
+    }
+    // A field the request type does not define: named, as OpenAI names an unrecognised
+    // argument, so that no client believes it acted.
+    if let Some(key) = strip_position(&inner)
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split('`').next())
+    {
+        // The path already ends with the key.
+        let param = match path.as_str() {
+            "." => key.to_string(),
+            path => path.to_string(),
+        };
+        return Err(InvalidRequest::field(
+            &param,
+            "is not a field this server knows on this endpoint; see docs/api.md for the \
+             fields each route takes",
         ));
     }
     match inner.classify() {

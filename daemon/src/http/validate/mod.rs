@@ -5,6 +5,7 @@
 mod chat;
 mod completions;
 mod embeddings;
+mod extensions;
 mod format;
 mod items;
 mod json;
@@ -21,7 +22,7 @@ pub use embeddings::{
     check_dimensions, check_token_ids, embeddings, EmbedInputs, ValidEmbeddings, MAX_INPUTS,
 };
 pub use json::parse_json;
-pub use request::{Input, InvalidRequest, ValidRequest};
+pub use request::{GrammarFrom, Input, InvalidRequest, ValidRequest};
 pub use responses::{responses, ValidResponses};
 pub use sampling::check_vocab;
 pub use tokens::token_ids;

@@ -28,6 +28,20 @@ pub(super) fn unsupported(param: &str, what: &str) -> InvalidRequest {
     InvalidRequest::field(param, format!("is not supported by this server ({what})"))
 }
 
+/// The request fields a grammar came from, for the errors that name them once the model
+/// compiles it: the field that asked for it, and where its schema sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrammarFrom {
+    pub field: &'static str,
+    pub schema: &'static str,
+}
+
+impl GrammarFrom {
+    pub(super) const fn same(field: &'static str, schema: &'static str) -> Self {
+        Self { field, schema }
+    }
+}
+
 /// What to generate from: chat turns to render, or a raw prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
@@ -53,6 +67,9 @@ pub struct ValidRequest {
     /// What the output must match (`response_format`, a forced tool call); compiled
     /// against the model's vocabulary once the model is known.
     pub grammar: Option<Grammar>,
+    /// Which fields `grammar` came from, when not the route's own `response_format` /
+    /// `text.format` (llama-server's `json_schema` and `grammar`, a bare schema).
+    pub grammar_from: Option<GrammarFrom>,
     /// The tools the model may call; its output is then parsed for calls.
     pub tools: Option<ToolUse>,
     /// Speculative decoding may serve it (`"speculative": false` opts out). It changes how

@@ -88,6 +88,7 @@ pub fn responses(req: ResponsesRequest) -> Result<ValidResponses, InvalidRequest
         echo: false,
         parse_special: false,
         grammar,
+        grammar_from: None,
         tools,
         speculative: req.speculative.unwrap_or(true),
     };

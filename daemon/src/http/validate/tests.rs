@@ -83,11 +83,266 @@ fn empty_messages_are_rejected() {
 }
 
 #[test]
-fn unknown_fields_are_ignored() {
-    assert!(chat_json(&format!(
+fn unknown_fields_are_refused_by_name_on_every_route() {
+    let (param, msg) = message_of(chat_json(&format!(
         r#"{{{HELLO},"logit_bias":{{}},"user":"u1","foo":1}}"#
-    ))
-    .is_ok());
+    )));
+    assert_eq!(param, "foo");
+    assert!(msg.contains("not a field this server knows"), "{msg}");
+    assert_eq!(
+        param_of(completion_json(
+            r#"{"prompt":"a","some_extension":{"x":1}}"#
+        )),
+        "some_extension"
+    );
+    match parse_json::<crate::http::responses::wire::ResponsesRequest>(
+        br#"{"input":"a","bogus":true}"#,
+    ) {
+        Err(InvalidRequest::Field { param, .. }) => assert_eq!(param, "bogus"),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+    match parse_json::<crate::http::embeddings::wire::EmbeddingRequest>(
+        br#"{"input":"a","embd_normalize":2}"#,
+    ) {
+        Err(InvalidRequest::Field { param, .. }) => assert_eq!(param, "embd_normalize"),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+    // A nested object keeps OpenAI's leniency: only request-level fields are judged here.
+    chat_json(r#"{"messages":[{"role":"user","content":"hi","name":"ann"}]}"#)
+        .expect("a message's `name`");
+}
+
+/// Each llama-server field: a value that asks for nothing, and one that asks for more.
+const LLAMA_FIELDS: &[(&str, &str, &str)] = &[
+    ("cache_prompt", "true", "false"),
+    ("n_probs", "0", "5"),
+    ("id_slot", "-1", "0"),
+    ("samplers", "null", r#"["top_k","temperature"]"#),
+    ("typical_p", "1.0", "0.9"),
+    ("repeat_penalty", "1.0", "1.1"),
+    ("repeat_last_n", "64", "128"),
+    ("penalize_nl", "false", "true"),
+    ("dry_multiplier", "0", "0.8"),
+    ("dry_base", "1.75", "null"),
+    ("dry_allowed_length", "2", "null"),
+    ("dry_penalty_last_n", "-1", "null"),
+    ("dry_sequence_breakers", r#"["\n"]"#, "null"),
+    ("xtc_probability", "0", "0.5"),
+    ("xtc_threshold", "0.1", "null"),
+    ("mirostat", "0", "2"),
+    ("mirostat_tau", "5.0", "null"),
+    ("mirostat_eta", "0.1", "null"),
+    ("dynatemp_range", "0", "0.5"),
+    ("dynatemp_exponent", "1", "null"),
+    ("top_n_sigma", "-1", "1.5"),
+    ("min_keep", "0", "5"),
+    ("adaptive_target", "-1", "0.5"),
+    ("adaptive_decay", "0.9", "null"),
+    ("ignore_eos", "false", "true"),
+    ("t_max_predict_ms", "-1", "500"),
+    ("t_max_prompt_ms", "-1", "500"),
+    ("n_keep", "-1", "null"),
+    ("n_discard", "0", "null"),
+    ("n_indent", "0", "4"),
+    ("n_cmpl", "1", "2"),
+    ("n_cache_reuse", "0", "256"),
+    ("return_tokens", "false", "true"),
+    ("post_sampling_probs", "false", "true"),
+    ("timings_per_token", "false", "true"),
+    ("return_progress", "false", "true"),
+    ("verbose", "false", "true"),
+    ("lora", "[]", r#"[{"id":0,"scale":1.0}]"#),
+    ("image_data", "[]", r#"[{"data":"AAAA","id":1}]"#),
+    ("response_fields", "null", r#"["content"]"#),
+    ("grammar_lazy", "false", "true"),
+    ("grammar_triggers", "[]", r#"[{"type":0,"value":"<tool>"}]"#),
+    ("grammar_type", "null", r#""tool_calls""#),
+    ("preserved_tokens", "[]", r#"["<tool>"]"#),
+    ("backend_sampling", "false", "true"),
+    ("sse_ping_interval", "null", "5"),
+    ("chat_format", "null", "1"),
+    ("chat_parser", "null", r#""x""#),
+    ("generation_prompt", "null", r#""<|im_start|>assistant\n""#),
+    ("parse_tool_calls", "true", "false"),
+    ("reasoning_format", r#""none""#, r#""deepseek""#),
+    ("reasoning_budget_tokens", "-1", "100"),
+    ("reasoning_budget_message", r#""stop""#, "null"),
+    ("thinking_budget_tokens", "-1", "100"),
+    ("reasoning_control", "null", r#"{"enabled":false}"#),
+    ("chat_template_kwargs", "{}", r#"{"enable_thinking":false}"#),
+    ("add_generation_prompt", "true", "false"),
+    ("continue_final_message", "false", "true"),
+];
+
+#[test]
+fn llama_server_fields_that_ask_for_nothing_are_accepted_and_the_rest_refused_by_name() {
+    for &(field, neutral, other) in LLAMA_FIELDS {
+        chat_json(&format!(r#"{{{HELLO},"{field}":{neutral}}}"#))
+            .unwrap_or_else(|e| panic!("chat {field}: {neutral}: {e}"));
+        completion_json(&format!(r#"{{"prompt":"a","{field}":{neutral}}}"#))
+            .unwrap_or_else(|e| panic!("completion {field}: {neutral}: {e}"));
+        // `null` marks a field that is a no-op at any value (it tunes a stage whose switch
+        // is refused unless off, or the context never shifts).
+        if other != "null" {
+            let (param, msg) = message_of(chat_json(&format!(r#"{{{HELLO},"{field}":{other}}}"#)));
+            assert_eq!(param, field, "{field}: {other}");
+            assert!(msg.contains("llama-server field"), "{msg}");
+            assert_eq!(
+                param_of(completion_json(&format!(
+                    r#"{{"prompt":"a","{field}":{other}}}"#
+                ))),
+                field
+            );
+        }
+    }
+    // The table covers every field the wire reads.
+    let mut listed: Vec<&str> = LLAMA_FIELDS.iter().map(|f| f.0).collect();
+    listed.sort_unstable();
+    let mut read = crate::http::wire::ChatCompletionRequest::LLAMA_EXTENSIONS.to_vec();
+    read.sort_unstable();
+    assert_eq!(listed, read);
+}
+
+#[test]
+fn n_predict_is_max_tokens_by_another_name() {
+    let r = chat_json(&format!(r#"{{{HELLO},"n_predict":7}}"#)).expect("valid");
+    assert_eq!(r.max_tokens, Some(7));
+    let r = chat_json(&format!(r#"{{{HELLO},"n_predict":-1}}"#)).expect("valid");
+    assert_eq!(r.max_tokens, None);
+    let r = chat_json(&format!(r#"{{{HELLO},"n_predict":9,"max_tokens":9}}"#)).expect("same");
+    assert_eq!(r.max_tokens, Some(9));
+    let r = completion_json(r#"{"prompt":"a","n_predict":40}"#).expect("valid");
+    assert_eq!(r.max_tokens, Some(40));
+    let r = completion_json(r#"{"prompt":"a","n_predict":-1}"#).expect("valid");
+    assert_eq!(r.max_tokens, None, "-1: up to the context's end");
+    for body in [
+        format!(r#"{{{HELLO},"n_predict":0}}"#),
+        format!(r#"{{{HELLO},"n_predict":-2}}"#),
+        format!(r#"{{{HELLO},"n_predict":5,"max_tokens":6}}"#),
+        format!(r#"{{{HELLO},"n_predict":5,"max_completion_tokens":6}}"#),
+    ] {
+        assert_eq!(param_of(chat_json(&body)), "n_predict", "{body}");
+    }
+    assert_eq!(
+        param_of(completion_json(
+            r#"{"prompt":"a","n_predict":3,"max_tokens":4}"#
+        )),
+        "n_predict"
+    );
+}
+
+#[test]
+fn top_level_json_schema_is_the_same_grammar_as_response_format() {
+    let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}"#;
+    let expected = Grammar::JsonSchema(serde_json::from_str(schema).expect("schema"));
+    let chat = chat_json(&format!(r#"{{{HELLO},"json_schema":{schema}}}"#)).expect("chat");
+    assert_eq!(chat.grammar, Some(expected.clone()));
+    assert_eq!(
+        chat.grammar_from,
+        Some(GrammarFrom {
+            field: "json_schema",
+            schema: "json_schema"
+        })
+    );
+    let text = completion_json(&format!(r#"{{"prompt":"a","json_schema":{schema}}}"#))
+        .expect("completion");
+    assert_eq!(text.grammar, Some(expected));
+    // `{}` is any object, as llama-server reads it.
+    let any = chat_json(&format!(r#"{{{HELLO},"json_schema":{{}}}}"#)).expect("any");
+    assert_eq!(
+        any.grammar,
+        Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
+    );
+    assert_eq!(
+        param_of(chat_json(&format!(r#"{{{HELLO},"json_schema":"x"}}"#))),
+        "json_schema"
+    );
+    assert_eq!(
+        param_of(chat_json(&format!(
+            r#"{{{HELLO},"json_schema":{schema},"response_format":{{"type":"json_object"}}}}"#
+        ))),
+        "json_schema"
+    );
+}
+
+#[test]
+fn response_format_takes_llama_servers_bare_schema() {
+    let schema = serde_json::json!({"type": "array", "items": {"type": "integer"}});
+    for format in [
+        format!(r#"{{"type":"json_object","schema":{schema}}}"#),
+        format!(r#"{{"type":"json_schema","schema":{schema}}}"#),
+    ] {
+        let r = chat_json(&format!(r#"{{{HELLO},"response_format":{format}}}"#))
+            .unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert_eq!(
+            r.grammar,
+            Some(Grammar::JsonSchema(schema.clone())),
+            "{format}"
+        );
+        assert_eq!(
+            r.grammar_from.map(|f| f.schema),
+            Some("response_format.schema")
+        );
+    }
+    for (format, param) in [
+        (
+            r#"{"type":"json_schema","schema":{},"json_schema":{"name":"a","schema":{}}}"#,
+            "response_format.schema",
+        ),
+        (
+            r#"{"type":"json_object","schema":5}"#,
+            "response_format.schema",
+        ),
+        (
+            r#"{"type":"json_object","strict":true}"#,
+            "response_format.strict",
+        ),
+        (r#"{"type":"text","schema":{}}"#, "response_format.schema"),
+        (r#""json_object""#, "response_format"),
+    ] {
+        let body = format!(r#"{{{HELLO},"response_format":{format}}}"#);
+        assert_eq!(param_of(chat_json(&body)), param, "{body}");
+    }
+}
+
+#[test]
+fn grammar_is_llguidance_lark_or_refused_as_gbnf() {
+    // As JSON text: the grammar's newline and quotes escaped.
+    let lark = r#"%llguidance {}\nstart: \"yes\" | \"no\""#;
+    let r = chat_json(&format!(r#"{{{HELLO},"grammar":"{lark}"}}"#)).expect("lark");
+    assert_eq!(
+        r.grammar,
+        Some(Grammar::Lark(
+            "%llguidance {}\nstart: \"yes\" | \"no\"".into()
+        ))
+    );
+    assert_eq!(r.grammar_from.map(|f| f.field), Some("grammar"));
+    let r = completion_json(&format!(r#"{{"prompt":"a","grammar":"{lark}"}}"#)).expect("lark");
+    assert!(matches!(r.grammar, Some(Grammar::Lark(_))));
+    // An empty grammar is none, as in llama-server.
+    let r = chat_json(&format!(r#"{{{HELLO},"grammar":""}}"#)).expect("empty");
+    assert_eq!(r.grammar, None);
+    let (param, msg) = message_of(chat_json(&format!(
+        r#"{{{HELLO},"grammar":"root ::= \"yes\" | \"no\""}}"#
+    )));
+    assert_eq!(param, "grammar");
+    assert!(msg.contains("GBNF") && msg.contains("%llguidance"), "{msg}");
+    assert_eq!(
+        param_of(completion_json(
+            r#"{"prompt":"a","grammar":"root ::= [a-z]+"}"#
+        )),
+        "grammar"
+    );
+    assert_eq!(
+        param_of(chat_json(&format!(r#"{{{HELLO},"grammar":5}}"#))),
+        "grammar"
+    );
+    assert_eq!(
+        param_of(chat_json(&format!(
+            r#"{{{HELLO},"json_schema":{{}},"grammar":"{lark}"}}"#
+        ))),
+        "grammar"
+    );
 }
 
 #[test]
@@ -387,9 +642,9 @@ fn openai_chat_fields_that_ask_for_nothing_are_accepted() {
         r#""user":"u-1""#,
         r#""safety_identifier":"s""#,
         r#""prompt_cache_key":"k""#,
+        r#""prompt_cache_retention":"24h""#,
         r#""audio":null,"prediction":null,"web_search_options":null,"functions":null"#,
         r#""n":1,"seed":3,"stream":true,"stream_options":{"include_usage":true}"#,
-        r#""some_extension":{"x":1}"#,
     ] {
         chat_json(&format!("{{{HELLO},{body}}}")).unwrap_or_else(|e| panic!("{body}: {e}"));
     }
