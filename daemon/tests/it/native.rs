@@ -158,6 +158,11 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     body["response_format"] = json!({"type": "json_object"});
     let resp = d.post("/v1/chat/completions", &body).await;
     crate::harness::assert_error(resp, 400, Some("response_format"), None).await;
+    // llama-server's grammar fields too, each named by itself.
+    let mut body = crate::harness::chat_body("x", 4);
+    body["json_schema"] = json!({"type": "object"});
+    let resp = d.post("/v1/chat/completions", &body).await;
+    crate::harness::assert_error(resp, 400, Some("json_schema"), None).await;
 }
 
 #[test]

@@ -2,7 +2,10 @@
 //! llguidance (the reply parses and matches the schema, whole and streamed), a schema
 //! llguidance cannot enforce refused by name, and tool calls (forced ones valid against the
 //! function's schema, in OpenAI's answer and stream shapes; earlier calls and tool results
-//! sent back through the template).
+//! sent back through the template). llama-server's `json_schema`, `response_format.schema`
+//! and `%llguidance` grammars go through the same constrained decoding; a GBNF grammar, an
+//! unknown field and a llama-server setting the server does not act on are 400s naming
+//! them.
 
 use serde_json::{json, Value};
 
@@ -290,4 +293,137 @@ async fn bad_tool_and_format_fields_are_400s_naming_them() {
         let resp = d.post("/v1/chat/completions", &body).await;
         assert_error(resp, 400, Some(param), None).await;
     }
+}
+
+#[tokio::test]
+async fn llama_servers_schema_fields_are_enforced_like_response_format() {
+    let d = shared();
+    let prompt = "Describe a person who lives in a big city.";
+    let mut top = chat_body(prompt, 96);
+    top["json_schema"] = person_schema();
+    let mut bare = chat_body(prompt, 96);
+    bare["response_format"] = json!({"type": "json_object", "schema": person_schema()});
+    let mut unwrapped = chat_body(prompt, 96);
+    unwrapped["response_format"] = json!({"type": "json_schema", "schema": person_schema()});
+    let mut texts = Vec::new();
+    for body in [top, bare, unwrapped] {
+        let v = d.chat(&body).await;
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no content: {v}"))
+            .to_string();
+        assert_person(&text);
+        texts.push(text);
+    }
+    // One grammar, greedy decoding: the same reply from each spelling of it.
+    assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
+    let v = d
+        .complete(&json!({"prompt": "A person as JSON: ", "max_tokens": 96,
+                          "temperature": 0, "json_schema": person_schema()}))
+        .await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_person(v["choices"][0]["text"].as_str().unwrap_or_default());
+    // A schema llguidance cannot compile names the field it came from.
+    let mut body = chat_body("x", 4);
+    body["json_schema"] = json!({"type": "object", "if": {"required": ["a"]}, "then": {}});
+    let resp = d.post("/v1/chat/completions", &body).await;
+    assert_error(resp, 400, Some("json_schema"), None).await;
+}
+
+#[tokio::test]
+async fn an_llguidance_grammar_is_enforced_and_a_gbnf_one_refused() {
+    let d = shared();
+    let grammar = "%llguidance {}\nstart: (\"yes\" | \"no\") \", \" NUM\nNUM: /[0-9]{1,3}/";
+    let mut body = chat_body("Is the sky blue? Answer and give a number.", 16);
+    body["grammar"] = json!(grammar);
+    let v = d.chat(&body).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_yes_no_number(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default(),
+    );
+    let v = d
+        .complete(&json!({"prompt": "Q: Is fire cold?\nA:", "max_tokens": 16,
+                          "temperature": 0, "grammar": grammar}))
+        .await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_yes_no_number(v["choices"][0]["text"].as_str().unwrap_or_default());
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let mut body = chat_body("x", 4);
+        if path == "/v1/completions" {
+            body = json!({"prompt": "x", "max_tokens": 4});
+        }
+        body["grammar"] = json!("root ::= \"yes\" | \"no\"");
+        let resp = d.post(path, &body).await;
+        let v = assert_error(resp, 400, Some("grammar"), None).await;
+        assert!(
+            v["message"].as_str().unwrap_or_default().contains("GBNF"),
+            "{v}"
+        );
+    }
+}
+
+/// The grammar's language: `yes` or `no`, a comma and a space, one to three digits.
+fn assert_yes_no_number(text: &str) {
+    let ok = text.split_once(", ").is_some_and(|(word, num)| {
+        (word == "yes" || word == "no")
+            && (1..=3).contains(&num.len())
+            && num.bytes().all(|b| b.is_ascii_digit())
+    });
+    assert!(ok, "does not match the grammar: {text:?}");
+}
+
+#[tokio::test]
+async fn unknown_fields_and_settings_not_acted_on_are_400s_naming_them() {
+    let d = shared();
+    for (extra, param) in [
+        (json!({"foo": 1}), "foo"),
+        (json!({"cache_prompt": false}), "cache_prompt"),
+        (json!({"mirostat": 2}), "mirostat"),
+        (json!({"n_probs": 3}), "n_probs"),
+        (
+            json!({"response_format": {"type": "json_object", "strict": true}}),
+            "response_format.strict",
+        ),
+    ] {
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            let mut body = if path == "/v1/completions" {
+                json!({"prompt": "x", "max_tokens": 4})
+            } else {
+                chat_body("x", 4)
+            };
+            if param.starts_with("response_format") && path == "/v1/completions" {
+                continue;
+            }
+            for (k, v) in extra.as_object().expect("object") {
+                body[k] = v.clone();
+            }
+            let resp = d.post(path, &body).await;
+            let v = assert_error(resp, 400, Some(param), None).await;
+            assert!(
+                v["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(&format!("`{param}`")),
+                "{v}"
+            );
+        }
+    }
+    // Neutral llama-server settings are accepted, and `n_predict` limits the answer.
+    let mut body = chat_body("Count from one to twenty.", 64);
+    body.as_object_mut().expect("object").remove("max_tokens");
+    for (k, v) in [
+        ("n_predict", json!(3)),
+        ("cache_prompt", json!(true)),
+        ("id_slot", json!(-1)),
+        ("mirostat", json!(0)),
+        ("typical_p", json!(1.0)),
+    ] {
+        body[k] = v;
+    }
+    let v = d.chat(&body).await;
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 }

@@ -1,4 +1,4 @@
-//! `input` cases: fields that are accepted and ignored.
+//! `input` cases: fields that are accepted and ignored, and an unknown one refused.
 
 use super::*;
 
@@ -7,20 +7,25 @@ pub(super) fn register(r: &mut Registry) {
     r.add(
         G,
         "input.ignored.unknown_fields",
-        "Unknown fields are ignored, as OpenAI does",
-        "logit_bias, foo and tools-free extras → 200, same greedy text",
+        "Harmless extras are ignored; an unknown field is refused by name",
+        "logit_bias {} and parallel_tool_calls false → 200, same greedy text; foo → 400 naming `foo`",
         |c, ev| {
             let plain = text_of(&c.target.chat(&chat_body("Hi", 4))?)?;
             let mut body = chat_body("Hi", 4);
             body["logit_bias"] = json!({});
-            body["foo"] = json!(1);
             body["parallel_tool_calls"] = json!(false);
             let got = text_of(&c.target.chat(&body)?)?;
             ev.put("texts", json!([plain, got]));
             ensure_eq!("text", got, plain);
-            Ok("ignored".into())
+            // A field the server would drop must not pass for one that acted.
+            body["foo"] = json!(1);
+            let resp = c.target.post(CHAT, &body)?;
+            ev.text("unknown field", &resp.describe());
+            expect_error(&resp, 400, Some("foo"), None)?;
+            Ok("ignored; foo refused".into())
         },
-    );
+    )
+    .inferloopd_only("refusing an unknown field by `param` (OpenAI names it only in its message; llama-server ignores it)");
     r.add(
         G,
         "input.ignored.user",
