@@ -64,6 +64,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// llama.cpp's multiplicative repeat penalty (`repeat_penalty`): a recent token's
+    /// logit is divided by it when positive and multiplied when not; 1 is off.
+    pub repeat_penalty: f32,
+    /// Sampled tokens all three penalties look back over (`repeat_last_n`); 0 turns them
+    /// off.
+    pub penalty_last_n: u32,
     pub seed: u32,
     /// `(token, bias)` added to the logits before anything else in the chain.
     pub logit_bias: Vec<(i32, f32)>,
@@ -75,7 +81,8 @@ pub struct SamplingParams {
 }
 
 impl Default for SamplingParams {
-    /// OpenAI's defaults: temperature 1, nucleus and top-k off, no penalties.
+    /// OpenAI's defaults: temperature 1, nucleus and top-k off, no penalties (looking back
+    /// over llama.cpp's default window when one is set).
     fn default() -> Self {
         Self {
             temperature: 1.0,
@@ -84,6 +91,8 @@ impl Default for SamplingParams {
             min_p: 0.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            repeat_penalty: 1.0,
+            penalty_last_n: super::backend::sampling_chain::PENALTY_LAST_N,
             seed: 0,
             logit_bias: Vec::new(),
             logprobs: None,

@@ -18,12 +18,12 @@ pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
 /// `tools/server/server-schema.cpp` and chat parameters): each generation request type
 /// gets them as loose `Value`s, and `llama_extensions()` lists those a request set, for
 /// `validate::extensions` to accept as no-ops or refuse by name. `json_schema`,
-/// `grammar` and `n_predict` act, and are typed fields of their own.
+/// `grammar`, `n_predict`, `repeat_penalty` and `repeat_last_n` act, and are typed fields
+/// of their own.
 macro_rules! llama_extensions {
     ($(#[$m:meta])* pub struct $name:ident { $($field:tt)* }) => {
         llama_extensions!(@with $(#[$m])* $name { $($field)* } [
-            cache_prompt, n_probs, id_slot, samplers, typical_p, repeat_penalty,
-            repeat_last_n, penalize_nl, dry_multiplier, dry_base, dry_allowed_length,
+            cache_prompt, n_probs, id_slot, samplers, typical_p, penalize_nl, dry_multiplier, dry_base, dry_allowed_length,
             dry_penalty_last_n, dry_sequence_breakers, xtc_probability, xtc_threshold,
             mirostat, mirostat_tau, mirostat_eta, dynatemp_range, dynatemp_exponent,
             top_n_sigma, min_keep, adaptive_target, adaptive_decay, ignore_eos,
@@ -75,6 +75,9 @@ pub struct ChatCompletionRequest {
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// llama-server's multiplicative repeat penalty and the window of all penalties.
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub stream: Option<bool>,
@@ -130,6 +133,9 @@ pub struct CompletionRequest {
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// llama-server's multiplicative repeat penalty and the window of all penalties.
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
     pub stop: Option<StopField>,
     pub n: Option<u32>,
     pub echo: Option<bool>,
@@ -168,6 +174,8 @@ pub struct WireSampling {
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
 }
 
 macro_rules! sampling_of {
@@ -180,6 +188,8 @@ macro_rules! sampling_of {
             seed: $req.seed,
             presence_penalty: $req.presence_penalty,
             frequency_penalty: $req.frequency_penalty,
+            repeat_penalty: $req.repeat_penalty,
+            repeat_last_n: $req.repeat_last_n,
         }
     };
 }

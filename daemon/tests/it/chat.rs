@@ -158,3 +158,39 @@ async fn stop_sequence_ends_the_output_just_before_it() {
     assert!(!text.contains(&stop));
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
 }
+
+#[tokio::test]
+async fn repeat_penalty_changes_greedy_text_within_its_window_only() {
+    let d = shared();
+    let body = |extra: Value| {
+        let mut b = chat_body("List the numbers from one to twenty, in words.", 48);
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let plain = text_of(&d.chat(&body(json!({}))).await);
+    let penalized = text_of(&d.chat(&body(json!({"repeat_penalty": 1.8}))).await);
+    // A zero window turns every penalty off: the text is the unpenalized one exactly.
+    let windowless = text_of(
+        &d.chat(&body(json!({"repeat_penalty": 1.8, "repeat_last_n": 0})))
+            .await,
+    );
+    assert_ne!(penalized, plain, "the penalty acted");
+    assert_eq!(windowless, plain);
+    let text = text_of(
+        &d.complete(
+            &json!({"prompt": "one, two, three, four, five,", "max_tokens": 24,
+                            "temperature": 0, "repeat_penalty": 1.8}),
+        )
+        .await,
+    );
+    let plain = text_of(
+        &d.complete(
+            &json!({"prompt": "one, two, three, four, five,", "max_tokens": 24,
+                            "temperature": 0}),
+        )
+        .await,
+    );
+    assert_ne!(text, plain, "the penalty acted on completions");
+}

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use inferloopd::quantize::GgufTypes;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::harness::{
     chat_body, counting_body, find_model, stream_finish_reason, stream_text, text_of, Daemon,
@@ -163,6 +163,24 @@ async fn native_backend_answers_streams_and_runs_two_requests_at_once() {
     body["json_schema"] = json!({"type": "object"});
     let resp = d.post("/v1/chat/completions", &body).await;
     crate::harness::assert_error(resp, 400, Some("json_schema"), None).await;
+    // The penalties are in this backend's chain too: llama-server's repeat penalty acts,
+    // and a zero window turns it off.
+    let ask = |extra: Value| {
+        let mut b = crate::harness::chat_body("List the numbers from one to twenty, in words.", 48);
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let text = |v: Value| crate::harness::text_of(&v);
+    let plain = text(d.chat(&ask(json!({}))).await);
+    let penalized = text(d.chat(&ask(json!({"repeat_penalty": 1.8}))).await);
+    let windowless = text(
+        d.chat(&ask(json!({"repeat_penalty": 1.8, "repeat_last_n": 0})))
+            .await,
+    );
+    assert_ne!(penalized, plain, "the penalty acted");
+    assert_eq!(windowless, plain);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::llama_embed as embed;
 use super::logprobs::{apply_bias, Distribution, TokenLogprobs};
-use super::sampling_chain::{self, Stage, MIN_KEEP, PENALTY_LAST_N, PENALTY_REPEAT};
+use super::sampling_chain::{self, Stage, MIN_KEEP};
 use super::seam::{
     step_split, verify_rows, Backend, BackendError, Capabilities, Device, SeqId, SeqOutcome,
     StepPlan, Vocab, Work,
@@ -430,10 +430,13 @@ fn stage_sampler(stage: Stage, p: &SamplingParams, n_vocab: i32) -> Option<Llama
         Stage::Penalties {
             frequency,
             presence,
+            repeat,
+            last_n,
         } => LlamaSampler::penalties(
             n_vocab,
-            PENALTY_LAST_N as i32,
-            PENALTY_REPEAT,
+            // At most `MAX_PENALTY_LAST_N`, checked by validation.
+            i32::try_from(last_n).unwrap_or(i32::MAX),
+            repeat,
             frequency,
             presence,
         ),
@@ -552,6 +555,20 @@ mod tests {
                 seed: 9,
                 ..SamplingParams::default()
             },
+            // ROW has negative logits: the repeat penalty multiplies those and divides the
+            // others, over a window shorter than the run.
+            SamplingParams {
+                repeat_penalty: 1.37,
+                penalty_last_n: 5,
+                ..greedy.clone()
+            },
+            SamplingParams {
+                repeat_penalty: 2.91,
+                presence_penalty: 0.0313,
+                penalty_last_n: 3,
+                logit_bias: vec![(4, 3.1)],
+                ..greedy.clone()
+            },
         ]
     }
 
@@ -577,7 +594,7 @@ mod tests {
             // The same tokens, past the penalty window.
             let mut chain = build_sampler(&p, n_vocab);
             let mut tokens = Vec::new();
-            for step in 0..sampling_chain::PENALTY_LAST_N + 16 {
+            for step in 0..sampling_chain::PENALTY_LAST_N as usize + 16 {
                 let mut cand = LlamaTokenDataArray::from_iter(
                     ROW.iter()
                         .enumerate()
@@ -590,7 +607,7 @@ mod tests {
                 assert_eq!(native.sample(&ROW), token.0, "step {step} of {p:?}");
                 tokens.push(token.0);
             }
-            if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 || p.repeat_penalty != 1.0 {
                 assert!(
                     tokens.iter().any(|&t| t != tokens[0]),
                     "the penalties moved the pick: {p:?}"

@@ -4,12 +4,13 @@
 
 use crate::engine::types::SamplingParams;
 
-/// Sampled tokens the frequency and presence penalties look back over (llama.cpp's
-/// `penalty_last_n`).
-pub const PENALTY_LAST_N: usize = 64;
+/// Sampled tokens the penalties look back over unless a request sets `repeat_last_n`
+/// (llama.cpp's default `penalty_last_n`).
+pub const PENALTY_LAST_N: u32 = 64;
 
-/// llama.cpp's multiplicative repeat penalty, which OpenAI's API does not have: off.
-pub const PENALTY_REPEAT: f32 = 1.0;
+/// The longest penalty window a request may set: llama.cpp keeps it as a ring buffer of
+/// this many tokens per sequence.
+pub const MAX_PENALTY_LAST_N: u32 = 32_768;
 
 /// Fewest candidates top-p and min-p keep.
 pub const MIN_KEEP: usize = 1;
@@ -19,11 +20,14 @@ pub const MIN_KEEP: usize = 1;
 pub enum Stage {
     /// Adds each `(token, bias)` of `logit_bias` to the logits.
     LogitBias,
-    /// `logit -= count × frequency + (count > 0) × presence` over the last
-    /// [`PENALTY_LAST_N`] sampled tokens.
+    /// For each token among the last `last_n` sampled: its logit divided by `repeat` when
+    /// positive, multiplied when not, then `logit -= count × frequency + presence`
+    /// (llama.cpp's penalties, in its order).
     Penalties {
         frequency: f32,
         presence: f32,
+        repeat: f32,
+        last_n: u32,
     },
     /// Masks the tokens a grammar forbids (`response_format`, forced tool calls). After the
     /// bias and penalties, before truncation: top-k and top-p then choose among allowed
@@ -42,16 +46,21 @@ pub enum Stage {
 }
 
 /// The stages `p` switches on, in the order both backends apply them. Settings at their
-/// neutral value (no bias, zero penalties, top-k 0, top-p 1, min-p 0) add no stage.
+/// neutral value (no bias, zero penalties or a zero window, top-k 0, top-p 1, min-p 0)
+/// add no stage.
 pub fn stages(p: &SamplingParams) -> Vec<Stage> {
     let mut chain = Vec::with_capacity(8);
     if !p.logit_bias.is_empty() {
         chain.push(Stage::LogitBias);
     }
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+    let penalized =
+        p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repeat_penalty != 1.0;
+    if penalized && p.penalty_last_n > 0 {
         chain.push(Stage::Penalties {
             frequency: p.frequency_penalty,
             presence: p.presence_penalty,
+            repeat: p.repeat_penalty,
+            last_n: p.penalty_last_n,
         });
     }
     if p.constraint.is_some() {
@@ -98,7 +107,9 @@ mod tests {
                 Stage::LogitBias,
                 Stage::Penalties {
                     frequency: 0.25,
-                    presence: 0.5
+                    presence: 0.5,
+                    repeat: 1.0,
+                    last_n: PENALTY_LAST_N,
                 },
                 Stage::TopK(40),
                 Stage::TopP(0.9),
@@ -123,5 +134,33 @@ mod tests {
             ..SamplingParams::default()
         };
         assert_eq!(stages(&greedy), [Stage::Greedy], "truncation is moot");
+    }
+
+    #[test]
+    fn a_repeat_penalty_alone_is_a_penalty_stage_and_a_zero_window_none() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 1.3,
+            penalty_last_n: 16,
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            stages(&p),
+            [
+                Stage::Penalties {
+                    frequency: 0.0,
+                    presence: 0.0,
+                    repeat: 1.3,
+                    last_n: 16
+                },
+                Stage::Greedy
+            ]
+        );
+        let off = SamplingParams {
+            penalty_last_n: 0,
+            frequency_penalty: 1.0,
+            ..p
+        };
+        assert_eq!(stages(&off), [Stage::Greedy]);
     }
 }

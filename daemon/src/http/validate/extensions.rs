@@ -2,8 +2,8 @@
 //! nothing (the field's off or default setting, which this server already has) is
 //! accepted as a no-op; any other is refused by name with what to use instead, so that a
 //! client written for llama-server never believes a setting acted when it did not.
-//! `json_schema`, `grammar` and `n_predict` act, and are checked in [`super::format`] and
-//! [`n_predict`].
+//! `json_schema`, `grammar`, `n_predict`, `repeat_penalty` and `repeat_last_n` act, and
+//! are checked in [`super::format`], [`n_predict`] and [`super::sampling`].
 
 use serde_json::Value;
 
@@ -83,7 +83,7 @@ const fn rule(name: &'static str, neutral: Neutral, instead: &'static str) -> Ru
 }
 
 const SAMPLER: &str = "this server's sampler chain is temperature, top_p, top_k, min_p, \
-                       presence/frequency penalties, logit_bias and seed (docs/api.md)";
+                       presence/frequency/repeat penalties, logit_bias and seed (docs/api.md)";
 
 /// Every llama-server field the generation request types read loosely, in the order of
 /// [`crate::http::wire`]'s list (a unit test keeps the two the same).
@@ -111,16 +111,6 @@ const RULES: &[Rule] = &[
          temperature, draw",
     ),
     rule("typical_p", Neutral::Num(&[1.0]), SAMPLER),
-    rule(
-        "repeat_penalty",
-        Neutral::Num(&[1.0]),
-        "use `frequency_penalty` or `presence_penalty`",
-    ),
-    rule(
-        "repeat_last_n",
-        Neutral::Num(&[64.0]),
-        "the penalties always look back over the last 64 tokens",
-    ),
     rule("penalize_nl", Neutral::Bool(false), SAMPLER),
     rule("dry_multiplier", Neutral::Num(&[0.0]), SAMPLER),
     rule("dry_base", Neutral::Any("dry_multiplier"), SAMPLER),

@@ -1,9 +1,11 @@
-//! The sampling fields both request kinds share: temperature, top-p/k, min-p, penalties,
-//! seed and `logit_bias`.
+//! The sampling fields both request kinds share: temperature, top-p/k, min-p, penalties
+//! (OpenAI's and llama-server's `repeat_penalty` / `repeat_last_n`), seed and
+//! `logit_bias`.
 
 use serde_json::{Map, Value};
 
 use super::request::InvalidRequest;
+use crate::engine::backend::sampling_chain::MAX_PENALTY_LAST_N;
 use crate::engine::SamplingParams;
 use crate::http::wire::WireSampling;
 
@@ -39,6 +41,31 @@ pub(super) fn sampling(w: &WireSampling) -> Result<SamplingParams, InvalidReques
         -2.0,
         2.0,
     )?;
+    // llama.cpp divides a positive logit by it: it must be positive.
+    let repeat_penalty = w.repeat_penalty.unwrap_or(d.repeat_penalty);
+    if !(repeat_penalty.is_finite() && repeat_penalty > 0.0 && repeat_penalty <= 2.0) {
+        return Err(InvalidRequest::field(
+            "repeat_penalty",
+            "must be greater than 0 and at most 2 (1 is off)",
+        ));
+    }
+    // llama-server reads -1 as the whole context; the window is bounded here instead, so
+    // that each sequence's ring buffer stays small.
+    let penalty_last_n = match w.repeat_last_n {
+        None => d.penalty_last_n,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| *n <= MAX_PENALTY_LAST_N)
+            .ok_or_else(|| {
+                InvalidRequest::field(
+                    "repeat_last_n",
+                    format!(
+                        "must be between 0 (penalties off) and {MAX_PENALTY_LAST_N} tokens; \
+                         -1 (the whole context) is not supported"
+                    ),
+                )
+            })?,
+    };
     // Only the low 32 bits reach llama.cpp's sampler; without a seed every request differs.
     let seed = match w.seed {
         Some(s) => s as u64 as u32,
@@ -51,6 +78,8 @@ pub(super) fn sampling(w: &WireSampling) -> Result<SamplingParams, InvalidReques
         min_p,
         presence_penalty,
         frequency_penalty,
+        repeat_penalty,
+        penalty_last_n,
         seed,
         ..SamplingParams::default()
     })

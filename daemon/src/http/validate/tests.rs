@@ -119,8 +119,6 @@ const LLAMA_FIELDS: &[(&str, &str, &str)] = &[
     ("id_slot", "-1", "0"),
     ("samplers", "null", r#"["top_k","temperature"]"#),
     ("typical_p", "1.0", "0.9"),
-    ("repeat_penalty", "1.0", "1.1"),
-    ("repeat_last_n", "64", "128"),
     ("penalize_nl", "false", "true"),
     ("dry_multiplier", "0", "0.8"),
     ("dry_base", "1.75", "null"),
@@ -201,6 +199,43 @@ fn llama_server_fields_that_ask_for_nothing_are_accepted_and_the_rest_refused_by
     let mut read = crate::http::wire::ChatCompletionRequest::LLAMA_EXTENSIONS.to_vec();
     read.sort_unstable();
     assert_eq!(listed, read);
+}
+
+#[test]
+fn repeat_penalty_and_repeat_last_n_reach_the_sampler() {
+    let r = chat_json(&format!(
+        r#"{{{HELLO},"repeat_penalty":1.1,"repeat_last_n":128}}"#
+    ))
+    .expect("valid");
+    assert_eq!(r.sampling.repeat_penalty, 1.1);
+    assert_eq!(r.sampling.penalty_last_n, 128);
+    let r = completion_json(r#"{"prompt":"a","repeat_last_n":0}"#).expect("valid");
+    assert_eq!(r.sampling.penalty_last_n, 0, "0 turns the penalties off");
+    let d = chat_json(&format!("{{{HELLO}}}")).expect("defaults");
+    assert_eq!(
+        (d.sampling.repeat_penalty, d.sampling.penalty_last_n),
+        (1.0, 64)
+    );
+    for (field, value) in [
+        ("repeat_penalty", "0"),
+        ("repeat_penalty", "-1"),
+        ("repeat_penalty", "2.5"),
+        ("repeat_last_n", "-1"),
+        ("repeat_last_n", "40000"),
+    ] {
+        assert_eq!(
+            param_of(chat_json(&format!(r#"{{{HELLO},"{field}":{value}}}"#))),
+            field,
+            "{value}"
+        );
+        assert_eq!(
+            param_of(completion_json(&format!(
+                r#"{{"prompt":"a","{field}":{value}}}"#
+            ))),
+            field,
+            "{value}"
+        );
+    }
 }
 
 #[test]

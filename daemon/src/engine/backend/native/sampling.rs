@@ -24,7 +24,7 @@ pub struct Sampler {
     /// `p`'s stages, in order.
     stages: Vec<Stage>,
     rng: StdRng,
-    /// The last [`PENALTY_LAST_N`] sampled tokens, oldest first.
+    /// The last `penalty_last_n` sampled tokens, oldest first.
     history: VecDeque<i32>,
     /// Working copies, kept to avoid an allocation per token.
     logits: Vec<f32>,
@@ -84,7 +84,8 @@ impl Sampler {
             p: p.clone(),
             stages: sampling_chain::stages(p),
             rng: StdRng::seed_from_u64(u64::from(p.seed)),
-            history: VecDeque::with_capacity(PENALTY_LAST_N),
+            // Only a window the chain reads is kept (a penalty stage's own).
+            history: VecDeque::with_capacity(window(p) as usize),
             logits: Vec::new(),
             cand: Candidates::default(),
         }
@@ -125,7 +126,9 @@ impl Sampler {
                 Stage::Penalties {
                     frequency,
                     presence,
-                } => self.penalize(frequency, presence),
+                    repeat,
+                    last_n: _,
+                } => self.penalize(frequency, presence, repeat),
                 // The native backend refuses constrained requests when it opens them.
                 Stage::Grammar => {}
                 Stage::Greedy => token = argmax(&self.logits),
@@ -167,10 +170,13 @@ impl Sampler {
             }
         }
         self.stages = stages;
-        if self.history.len() == PENALTY_LAST_N {
-            self.history.pop_front();
+        let keep = window(&self.p) as usize;
+        if keep > 0 {
+            if self.history.len() == keep {
+                self.history.pop_front();
+            }
+            self.history.push_back(token);
         }
-        self.history.push_back(token);
         // The penalties changed the working row: the chosen logit comes from the input's.
         let report = dist.map(|d| {
             let logit = usize::try_from(token)
@@ -184,8 +190,9 @@ impl Sampler {
         (token, report)
     }
 
-    /// `logit -= count × frequency + (count > 0) × presence` for each recent token.
-    fn penalize(&mut self, freq: f32, presence: f32) {
+    /// For each recent token, as llama.cpp does it: the logit divided by `repeat` when
+    /// positive and multiplied when not, then `logit -= count × frequency + presence`.
+    fn penalize(&mut self, freq: f32, presence: f32, repeat: f32) {
         if self.history.is_empty() {
             return;
         }
@@ -196,6 +203,11 @@ impl Sampler {
                 .ok()
                 .and_then(|t| self.logits.get_mut(t))
             {
+                if *l <= 0.0 {
+                    *l *= repeat;
+                } else {
+                    *l /= repeat;
+                }
                 *l -= run.len() as f32 * freq + presence;
             }
         }
@@ -219,6 +231,17 @@ impl Sampler {
         }
         cand[cand.len() - 1].1 as i32
     }
+}
+
+/// The tokens a sampler must remember: its penalty stage's window, none without one.
+fn window(p: &SamplingParams) -> u32 {
+    sampling_chain::stages(p)
+        .iter()
+        .find_map(|s| match s {
+            Stage::Penalties { last_n, .. } => Some(*last_n),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 fn bias_of(bias: &[(i32, f32)], token: i32) -> f32 {
@@ -367,6 +390,38 @@ mod tests {
         });
         let tokens: Vec<i32> = (0..3).map(|_| presence.sample(&row)).collect();
         assert_eq!(tokens, vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn the_repeat_penalty_divides_positive_and_multiplies_negative_logits_within_its_window() {
+        // Token 1 leads; divided by 3 it falls below token 0 (1.0).
+        let row = [1.0, 1.5, -0.5];
+        let p = SamplingParams {
+            repeat_penalty: 3.0,
+            penalty_last_n: 1,
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(&p);
+        // With a window of one token, the penalty only remembers the last pick: the
+        // greedy pick alternates.
+        let tokens: Vec<i32> = (0..4).map(|_| s.sample(&row)).collect();
+        assert_eq!(tokens, vec![1, 0, 1, 0]);
+        let mut wide = Sampler::new(&SamplingParams {
+            penalty_last_n: 8,
+            ..p
+        });
+        let tokens: Vec<i32> = (0..3).map(|_| wide.sample(&row)).collect();
+        // Both penalized: 1.5 / 3 = 0.5 leads 1.0 / 3.
+        assert_eq!(tokens, vec![1, 0, 1]);
+        // A negative logit is multiplied: -0.5 × 3 falls below -0.6 (divided, it would
+        // have risen to -0.17 and been picked again).
+        let mut negative = Sampler::new(&SamplingParams {
+            penalty_last_n: 8,
+            repeat_penalty: 3.0,
+            ..params(0.0)
+        });
+        let tokens: Vec<i32> = (0..3).map(|_| negative.sample(&[-0.5, -0.6])).collect();
+        assert_eq!(tokens, vec![0, 1, 0]);
     }
 
     #[test]
