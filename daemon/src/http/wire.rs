@@ -507,8 +507,9 @@ impl Serialize for TopMap {
     }
 }
 
-/// `POST /tokenize`, as llama-server takes it.
+/// `POST /tokenize`, as llama-server takes it (its other fields are refused by name).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     pub content: String,
     pub add_special: Option<bool>,
@@ -518,6 +519,7 @@ pub struct TokenizeRequest {
 
 /// `POST /detokenize`.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DetokenizeRequest {
     pub tokens: Vec<i64>,
 }

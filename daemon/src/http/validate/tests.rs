@@ -95,21 +95,34 @@ fn unknown_fields_are_refused_by_name_on_every_route() {
         )),
         "some_extension"
     );
-    match parse_json::<crate::http::responses::wire::ResponsesRequest>(
-        br#"{"input":"a","bogus":true}"#,
-    ) {
-        Err(InvalidRequest::Field { param, .. }) => assert_eq!(param, "bogus"),
-        other => panic!("expected a field error, got {other:?}"),
-    }
-    match parse_json::<crate::http::embeddings::wire::EmbeddingRequest>(
-        br#"{"input":"a","embd_normalize":2}"#,
-    ) {
-        Err(InvalidRequest::Field { param, .. }) => assert_eq!(param, "embd_normalize"),
-        other => panic!("expected a field error, got {other:?}"),
-    }
+    use crate::http::{embeddings, responses, wire};
+    assert_eq!(
+        field_of::<responses::wire::ResponsesRequest>(br#"{"input":"a","bogus":true}"#),
+        "bogus"
+    );
+    assert_eq!(
+        field_of::<embeddings::wire::EmbeddingRequest>(br#"{"input":"a","embd_normalize":2}"#),
+        "embd_normalize"
+    );
+    assert_eq!(
+        field_of::<wire::TokenizeRequest>(br#"{"content":"a","n_probs":1}"#),
+        "n_probs"
+    );
+    assert_eq!(
+        field_of::<wire::DetokenizeRequest>(br#"{"tokens":[1],"foo":1}"#),
+        "foo"
+    );
     // A nested object keeps OpenAI's leniency: only request-level fields are judged here.
     chat_json(r#"{"messages":[{"role":"user","content":"hi","name":"ann"}]}"#)
         .expect("a message's `name`");
+}
+
+/// The field a body of type `T` is refused for.
+fn field_of<T: serde::de::DeserializeOwned + std::fmt::Debug>(body: &[u8]) -> String {
+    match parse_json::<T>(body) {
+        Err(InvalidRequest::Field { param, .. }) => param,
+        other => panic!("expected a field error, got {other:?}"),
+    }
 }
 
 /// Each llama-server field: a value that asks for nothing, and one that asks for more.
