@@ -15,7 +15,7 @@ use crate::tools::{PastCall, ToolUse};
 
 /// A `/v1/chat/completions` body, checked field by field.
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     unsupported_chat(&req)?;
     let mut sampling = sampling(&req.sampling())?;
     sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
@@ -160,6 +160,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         grammar,
         tools,
         speculative: req.speculative.unwrap_or(true),
+        n,
     })
 }
 

@@ -10,7 +10,7 @@ const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
 /// A `/v1/completions` body, checked field by field.
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     unsupported_completion(&req)?;
     let mut sampling = sampling(&req.sampling())?;
     sampling.logit_bias = logit_bias(req.logit_bias.as_ref())?;
@@ -67,6 +67,7 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         grammar: None,
         tools: None,
         speculative: req.speculative.unwrap_or(true),
+        n,
     })
 }
 

@@ -90,6 +90,7 @@ pub fn responses(req: ResponsesRequest) -> Result<ValidResponses, InvalidRequest
         grammar,
         tools,
         speculative: req.speculative.unwrap_or(true),
+        n: 1,
     };
     Ok(ValidResponses { request, echo })
 }
