@@ -30,6 +30,9 @@ pub const DEFAULT_MANIFEST: &str = "/etc/inferloop/manifest.json";
 /// Default model location used by `make run`.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The most choices (`n`) a request may ask for unless `--max-n` says otherwise.
+pub const DEFAULT_MAX_N: usize = 8;
+
 /// Final, checked settings.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -69,6 +72,8 @@ pub struct ServeConfig {
     pub host: IpAddr,
     pub port: u16,
     pub slots: usize,
+    /// The most choices (`n`) one request may ask for, at most `slots`.
+    pub max_n: usize,
     pub queue: usize,
     pub ctx: u32,
     pub threads: i32,
@@ -140,6 +145,17 @@ impl ServeConfig {
         if !(1..=64).contains(&slots) {
             return Err(invalid("slots", "must be between 1 and 64"));
         }
+        // Each choice decodes in a slot of its own, and they start together.
+        let max_n = match l.max_n {
+            None => DEFAULT_MAX_N.min(slots),
+            Some(n) if (1..=slots).contains(&n) => n,
+            Some(_) => {
+                return Err(invalid(
+                    "max_n",
+                    &format!("must be between 1 and the slots ({slots}): each choice takes a slot"),
+                ))
+            }
+        };
         let ctx = l.ctx.unwrap_or(2048);
         if !(64..=1 << 20).contains(&ctx) {
             return Err(invalid("ctx", "must be between 64 and 1048576 tokens"));
@@ -247,6 +263,7 @@ impl ServeConfig {
             host,
             port: l.port.unwrap_or(8080),
             slots,
+            max_n,
             queue: l.queue.unwrap_or(16),
             ctx,
             threads,

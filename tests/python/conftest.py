@@ -54,7 +54,7 @@ def model_path() -> Path:
 class Daemon:
     """One inferloopd process; its stderr is drained into memory by a thread."""
 
-    def __init__(self, extra_args: list[str], ctx: int = 1024) -> None:
+    def __init__(self, extra_args: list[str], ctx: int = 1024, slots: int = 2) -> None:
         binary, model = daemon_binary(), model_path()
         if not binary.is_file():
             pytest.fail(f"daemon binary {binary} not found: run `make build` or set INFERLOOPD")
@@ -65,7 +65,7 @@ class Daemon:
             "--model", str(model),
             "--host", "127.0.0.1",
             "--port", "0",
-            "--slots", "2",
+            "--slots", str(slots),
             "--ctx", str(ctx),
             "--threads", "2",
             *shlex.split(os.environ.get("INFERLOOPD_ARGS", "")),
@@ -159,9 +159,9 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def running_daemon(*extra_args: str, ctx: int = 1024) -> Iterator[str]:
+def running_daemon(*extra_args: str, ctx: int = 1024, slots: int = 2) -> Iterator[str]:
     """Start inferloopd, wait for /readyz, yield its base URL, stop it."""
-    daemon = Daemon(list(extra_args), ctx=ctx)
+    daemon = Daemon(list(extra_args), ctx=ctx, slots=slots)
     try:
         url = daemon.wait_ready()
     except BaseException:

@@ -111,7 +111,7 @@ def test_plus_100_forces_a_token(client, model_id, base_url):
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("n", 2),
+        ("n", 64),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
         ("prediction", {"type": "content", "content": "x"}),
@@ -132,7 +132,7 @@ def test_unsupported_chat_fields_are_bad_requests_naming_the_field(client, model
     assert f"`{field}`" in err.value.body["message"]
 
 
-@pytest.mark.parametrize("field,value", [("best_of", 2), ("suffix", "The end."), ("n", 2)])
+@pytest.mark.parametrize("field,value", [("best_of", 2), ("suffix", "The end."), ("n", 64)])
 def test_unsupported_completion_fields_are_bad_requests_naming_the_field(
     client, model_id, field, value
 ):

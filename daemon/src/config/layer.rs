@@ -31,6 +31,10 @@ pub struct ServeLayer {
     /// Sequences decoded concurrently.
     #[arg(long)]
     pub slots: Option<usize>,
+    /// The most choices one request may ask for (`n`), each decoded in a slot of its own;
+    /// at most `--slots`. Default 8, or the slots when fewer.
+    #[arg(long, value_name = "N")]
+    pub max_n: Option<usize>,
     /// Requests that may wait for a slot; more get 429.
     #[arg(long)]
     pub queue: Option<usize>,

@@ -113,6 +113,17 @@ impl Engine {
         self.core.submit(request).await
     }
 
+    /// Queues a request's `n` choices, one sequence each, that start together: admitted
+    /// when there are slots and KV cells for all of them (they then share the prompt's
+    /// prefill through prefix reuse), refused together when the queue is full. One
+    /// receiver per choice, in order; dropping them all cancels every choice.
+    pub async fn submit_choices(
+        &self,
+        choices: Vec<GenerationRequest>,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, EngineError> {
+        self.core.submit_choices(choices).await
+    }
+
     /// Cancels everything still running or waiting; the scheduler thread then exits.
     pub fn shutdown(&self) {
         self.core.shutdown();

@@ -165,6 +165,62 @@ pub struct Timings {
     pub draft_n_accepted: u32,
 }
 
+impl Usage {
+    /// A request's usage over its choices: the prompt once (with the first choice's cached
+    /// tokens, the prompt as the client sent it), every choice's completion tokens.
+    pub fn of_choices(choices: &[Usage]) -> Usage {
+        let Some(first) = choices.first() else {
+            return Usage::default();
+        };
+        let completion_tokens = choices.iter().map(|u| u.completion_tokens).sum();
+        Usage {
+            prompt_tokens: first.prompt_tokens,
+            completion_tokens,
+            total_tokens: first.prompt_tokens + completion_tokens,
+            prompt_tokens_details: first.prompt_tokens_details,
+        }
+    }
+}
+
+impl Timings {
+    /// A request's timings over its choices, which ran side by side: tokens evaluated,
+    /// reused, generated and drafted summed over them (so `prompt_n` shows whether the
+    /// prompt was evaluated once or once per choice), the longest phases, the first token.
+    pub fn of_choices(choices: &[Timings]) -> Timings {
+        if let [one] = choices {
+            return *one;
+        }
+        let max = |f: fn(&Timings) -> f64| choices.iter().map(f).fold(0.0, f64::max);
+        let sum = |f: fn(&Timings) -> u32| choices.iter().map(f).sum::<u32>();
+        let per_second = |n: u32, ms: f64| {
+            if ms > 0.0 {
+                f64::from(n) * 1e3 / ms
+            } else {
+                0.0
+            }
+        };
+        let (prompt_n, prompt_ms) = (sum(|t| t.prompt_n), max(|t| t.prompt_ms));
+        let (predicted_n, predicted_ms) = (sum(|t| t.predicted_n), max(|t| t.predicted_ms));
+        Timings {
+            queue_ms: max(|t| t.queue_ms),
+            cache_n: sum(|t| t.cache_n),
+            prompt_n,
+            prompt_ms,
+            prompt_per_second: per_second(prompt_n, prompt_ms),
+            predicted_n,
+            predicted_ms,
+            predicted_per_second: per_second(predicted_n, predicted_ms),
+            ttft_ms: choices
+                .iter()
+                .map(|t| t.ttft_ms)
+                .reduce(f64::min)
+                .unwrap_or(0.0),
+            draft_n: sum(|t| t.draft_n),
+            draft_n_accepted: sum(|t| t.draft_n_accepted),
+        }
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }

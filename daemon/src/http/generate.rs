@@ -23,7 +23,9 @@ use super::wire::{
 use super::AppState;
 use crate::engine::chat::{Limit, PromptError};
 use crate::engine::constraint::{Constraint, Grammar};
-use crate::engine::{Engine, Event, FinishReason, GenerationRequest};
+use crate::engine::{
+    Engine, Event, FinishReason, GenerationRequest, SamplingParams, Timings, TokenLogprob, Usage,
+};
 use crate::tools::{Format, ToolUse};
 
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -106,9 +108,10 @@ impl Fields {
     }
 }
 
-/// A request the engine accepted: its events, and what answering them needs.
+/// A request the engine accepted: its events (one receiver per choice), and what answering
+/// them needs.
 pub(super) struct Submitted {
-    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    pub choices: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     pub model_id: String,
     /// The rendered prompt (completions' `echo`).
     pub prompt_text: String,
@@ -130,6 +133,16 @@ pub(super) async fn submit(
     received_at: Instant,
 ) -> Result<Submitted, ApiError> {
     let engine = state.engine()?;
+    let max_n = state.config.max_n;
+    if req.n as usize > max_n {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "`n` must be at most {max_n} on this server: each choice decodes in a slot \
+                 of its own (--max-n, at most --slots)"
+            ),
+        ));
+    }
     let model_id = engine.model().info().id.clone();
     if let Some(m) = req.model.as_deref() {
         if m != model_id {
@@ -187,19 +200,25 @@ pub(super) async fn submit(
             max_tokens.max(1),
         ));
     }
-    let events = engine
-        .submit(GenerationRequest {
-            prompt_tokens: tokens,
+    // Choice `i` samples with `seed + i`: each is reproducible on its own, and no two
+    // choices of one request draw the same numbers.
+    let choices = (0..req.n)
+        .map(|i| GenerationRequest {
+            prompt_tokens: tokens.clone(),
             max_tokens,
-            stop: req.stop,
-            sampling: req.sampling,
+            stop: req.stop.clone(),
+            sampling: SamplingParams {
+                seed: req.sampling.seed.wrapping_add(i),
+                ..req.sampling.clone()
+            },
             received_at,
             embed: None,
             speculative: req.speculative,
         })
-        .await?;
+        .collect();
+    let choices = engine.submit_choices(choices).await?;
     Ok(Submitted {
-        events,
+        choices,
         model_id,
         prompt_text,
         tools: req.tools.is_some().then_some(tool_format),
@@ -240,26 +259,43 @@ async fn start(
     let created = unix_now();
     let echo = (sub.echo && shape == Shape::Completion).then_some(sub.prompt_text);
     let cancel = state.cancel.clone();
-    let (tools, model_id, logprobs, events) = (sub.tools, sub.model_id, sub.logprobs, sub.events);
+    let (tools, model_id, logprobs, mut choices) =
+        (sub.tools, sub.model_id, sub.logprobs, sub.choices);
     if sub.stream {
-        let framer = Framer {
-            shape,
-            id,
-            created,
-            model: model_id,
-            include_usage: sub.include_usage,
-            text_offset: 0,
-            tools: tools.map(sse::ToolFramer::new),
-        };
-        let opening = framer.opening(echo.as_deref());
-        stream(events, cancel, framer, opening).await
+        let mut framers: Vec<Framer> = (0..choices.len())
+            .map(|i| Framer {
+                shape,
+                index: i as u32,
+                id: id.clone(),
+                created,
+                model: model_id.clone(),
+                include_usage: sub.include_usage,
+                text_offset: 0,
+                tools: tools.map(sse::ToolFramer::new),
+            })
+            .collect();
+        let mut openings: Vec<Bytes> = framers
+            .iter()
+            .filter_map(|f| f.opening(echo.as_deref()))
+            .collect();
+        if let ([_], [_]) = (&framers[..], &choices[..]) {
+            let (framer, events) = (framers.remove(0), choices.remove(0));
+            return stream(events, cancel, framer, openings.pop()).await;
+        }
+        stream_choices(choices, cancel, framers, openings).await
     } else {
         let answer = async move {
             tokio::select! {
                 biased;
                 _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
-                r = collect(events, shape, id, object, created, model_id, echo, logprobs, tools) => r,
+                r = collect_all(choices, echo) => r,
             }
+        };
+        let answer = async move {
+            let outs = answer.await?;
+            Ok(respond(
+                outs, shape, id, object, created, model_id, logprobs, tools,
+            ))
         };
         // A client that closed its sending side may be half-closed or gone: the answer then
         // probes the connection while it is generated (see `conn`).
@@ -353,6 +389,34 @@ pub(super) async fn stream(
     framer: impl sse::Frames,
     opening: Option<Bytes>,
 ) -> Result<Response, ApiError> {
+    let keepalive = admitted(&mut events).await?;
+    Ok(sse::response(sse::events_to_body(
+        framer, opening, events, cancel, keepalive,
+    )))
+}
+
+/// [`stream`] for a request with several choices, admitted together: the first one's
+/// admission stands for all.
+async fn stream_choices(
+    mut choices: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+    cancel: tokio::sync::watch::Receiver<bool>,
+    framers: Vec<Framer>,
+    openings: Vec<Bytes>,
+) -> Result<Response, ApiError> {
+    let first = choices
+        .first_mut()
+        .ok_or_else(|| ApiError::internal("a request without choices"))?;
+    let keepalive = admitted(first).await?;
+    Ok(sse::response(sse::choices_to_body(
+        framers, openings, choices, cancel, keepalive,
+    )))
+}
+
+/// Waits for the engine's admission of a streamed request; returns how often the stream
+/// then sends keep-alives.
+async fn admitted(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<std::time::Duration, ApiError> {
     let peer = super::conn::Peer::current();
     let read_closed = async {
         match &peer {
@@ -363,7 +427,7 @@ pub(super) async fn stream(
     // A client that closes its sending side while queued may be half-closed or gone: start
     // the stream at once and probe it often, so one that left gives up its queue place
     // (see `conn`). Queue errors then arrive as an error frame under the 200.
-    let keepalive = tokio::select! {
+    tokio::select! {
         biased;
         first = events.recv() => {
             match first {
@@ -371,13 +435,10 @@ pub(super) async fn stream(
                 Some(Event::Failed(e)) => return Err(e.into()),
                 Some(_) | None => return Err(ApiError::internal("engine sent no admission")),
             }
-            sse::KEEPALIVE_EVERY
+            Ok(sse::KEEPALIVE_EVERY)
         }
-        () = read_closed => super::conn::PROBE_EVERY,
-    };
-    Ok(sse::response(sse::events_to_body(
-        framer, opening, events, cancel, keepalive,
-    )))
+        () = read_closed => Ok(super::conn::PROBE_EVERY),
+    }
 }
 
 /// Resolves once shutdown cancels in-flight requests (never, if the sender is kept).
@@ -387,19 +448,33 @@ pub(super) async fn wait_cancelled(mut cancel: tokio::sync::watch::Receiver<bool
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one choice generated.
+struct ChoiceOut {
+    text: String,
+    tokens: Vec<TokenLogprob>,
+    reason: FinishReason,
+    usage: Usage,
+    timings: Timings,
+}
+
+/// Every choice to its end, side by side; the first failure fails the request (the other
+/// choices are cancelled as their receivers drop).
+async fn collect_all(
+    choices: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+    echo: Option<String>,
+) -> Result<Vec<ChoiceOut>, ApiError> {
+    futures::future::try_join_all(
+        choices
+            .into_iter()
+            .map(|events| collect(events, echo.clone().unwrap_or_default())),
+    )
+    .await
+}
+
 async fn collect(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    shape: Shape,
-    id: String,
-    object: &'static str,
-    created: u64,
-    model: String,
-    echo: Option<String>,
-    logprobs: bool,
-    tools: Option<Format>,
-) -> Result<Response, ApiError> {
-    let mut text = echo.unwrap_or_default();
+    mut text: String,
+) -> Result<ChoiceOut, ApiError> {
     let mut tokens = Vec::new();
     loop {
         match events.recv().await {
@@ -413,69 +488,109 @@ async fn collect(
                 usage,
                 timings,
             }) => {
-                let (content, tool_calls, reason) = if let Some(format) = tools {
-                    let (content, calls) = crate::tools::parse(&text, format);
-                    if calls.is_empty() {
-                        (Some(text.clone()), None, reason)
-                    } else if reason != FinishReason::Stop {
-                        // Cut by `max_tokens`: `length`, with what was written, as OpenAI.
-                        (content, Some(wire_calls(calls, format)), reason)
-                    } else {
-                        (
-                            content,
-                            Some(wire_calls(calls, format)),
-                            FinishReason::ToolCalls,
-                        )
-                    }
-                } else {
-                    (Some(text.clone()), None, reason)
-                };
-                let resp = match shape {
-                    Shape::Chat => Json(ChatCompletion {
-                        id,
-                        object,
-                        created,
-                        model,
-                        system_fingerprint: FINGERPRINT,
-                        choices: vec![ChatChoice {
-                            index: 0,
-                            message: AssistantMessage {
-                                role: "assistant",
-                                content,
-                                tool_calls,
-                            },
-                            logprobs: logprobs.then(|| ChatLogprobs::of(&tokens)),
-                            finish_reason: reason,
-                        }],
-                        usage,
-                        timings,
-                    })
-                    .into_response(),
-                    Shape::Completion => Json(Completion {
-                        id,
-                        object,
-                        created,
-                        model,
-                        system_fingerprint: FINGERPRINT,
-                        choices: vec![CompletionChoice {
-                            index: 0,
-                            text,
-                            logprobs: logprobs.then(|| {
-                                let mut l = CompletionLogprobs::default();
-                                l.extend(&tokens, &mut 0);
-                                l
-                            }),
-                            finish_reason: Some(reason),
-                        }],
-                        usage,
-                        timings,
-                    })
-                    .into_response(),
-                };
-                return Ok(resp);
+                return Ok(ChoiceOut {
+                    text,
+                    tokens,
+                    reason,
+                    usage,
+                    timings,
+                })
             }
             Some(Event::Failed(e)) => return Err(e.into()),
             None => return Err(ApiError::internal("engine stopped before finishing")),
         }
+    }
+}
+
+/// The JSON answer over every choice: each with its index, text (or tool calls), logprobs
+/// and finish reason; usage and timings over them all.
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    outs: Vec<ChoiceOut>,
+    shape: Shape,
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    tools: Option<Format>,
+) -> Response {
+    let usage = Usage::of_choices(&outs.iter().map(|o| o.usage).collect::<Vec<_>>());
+    let timings = Timings::of_choices(&outs.iter().map(|o| o.timings).collect::<Vec<_>>());
+    match shape {
+        Shape::Chat => {
+            let choices = (0u32..).zip(outs).map(|(index, o)| {
+                let (content, tool_calls, reason) = match tools {
+                    Some(format) => with_calls(o.text, o.reason, format),
+                    None => (Some(o.text), None, o.reason),
+                };
+                ChatChoice {
+                    index,
+                    message: AssistantMessage {
+                        role: "assistant",
+                        content,
+                        tool_calls,
+                    },
+                    logprobs: logprobs.then(|| ChatLogprobs::of(&o.tokens)),
+                    finish_reason: reason,
+                }
+            });
+            Json(ChatCompletion {
+                id,
+                object,
+                created,
+                model,
+                system_fingerprint: FINGERPRINT,
+                choices: choices.collect(),
+                usage,
+                timings,
+            })
+            .into_response()
+        }
+        Shape::Completion => {
+            let choices = (0u32..).zip(outs).map(|(index, o)| CompletionChoice {
+                index,
+                logprobs: logprobs.then(|| {
+                    let mut l = CompletionLogprobs::default();
+                    l.extend(&o.tokens, &mut 0);
+                    l
+                }),
+                text: o.text,
+                finish_reason: Some(o.reason),
+            });
+            Json(Completion {
+                id,
+                object,
+                created,
+                model,
+                system_fingerprint: FINGERPRINT,
+                choices: choices.collect(),
+                usage,
+                timings,
+            })
+            .into_response()
+        }
+    }
+}
+
+/// A chat answer's text parsed for tool calls: its content, the calls, and `tool_calls`
+/// as the finish reason when it stopped on its own after calling.
+fn with_calls(
+    text: String,
+    reason: FinishReason,
+    format: Format,
+) -> (Option<String>, Option<Vec<WireToolCall>>, FinishReason) {
+    let (content, calls) = crate::tools::parse(&text, format);
+    if calls.is_empty() {
+        (Some(text), None, reason)
+    } else if reason != FinishReason::Stop {
+        // Cut by `max_tokens`: `length`, with what was written, as OpenAI.
+        (content, Some(wire_calls(calls, format)), reason)
+    } else {
+        (
+            content,
+            Some(wire_calls(calls, format)),
+            FinishReason::ToolCalls,
+        )
     }
 }

@@ -68,9 +68,12 @@ async fn empty_messages_is_400() {
 }
 
 #[tokio::test]
-async fn more_than_one_choice_is_400() {
-    let resp = post_chat(&chat_with("n", json!(2))).await;
-    assert_error(resp, 400, Some("n"), None).await;
+async fn more_choices_than_the_box_has_slots_for_is_400() {
+    // Each choice decodes in a slot of its own: the shared daemon has fewer than 64.
+    for n in [0, 64, 129] {
+        let resp = post_chat(&chat_with("n", json!(n))).await;
+        assert_error(resp, 400, Some("n"), None).await;
+    }
 }
 
 #[tokio::test]

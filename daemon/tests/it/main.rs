@@ -9,6 +9,7 @@ mod harness;
 
 mod api;
 mod chat;
+mod choices;
 mod golden;
 mod input;
 mod kv_type;

@@ -243,7 +243,6 @@ async fn bad_logit_bias_and_logprobs_are_400s_naming_the_field() {
 async fn unsupported_openai_fields_are_400s_naming_the_field() {
     let d = shared();
     for (field, value) in [
-        ("n", json!(2)),
         ("audio", json!({"voice": "alloy", "format": "wav"})),
         ("modalities", json!(["text", "audio"])),
         ("prediction", json!({"type": "content", "content": "x"})),
@@ -258,11 +257,7 @@ async fn unsupported_openai_fields_are_400s_naming_the_field() {
         let resp = d.post("/v1/chat/completions", &body).await;
         assert_error(resp, 400, Some(field), None).await;
     }
-    for (field, value) in [
-        ("best_of", json!(2)),
-        ("suffix", json!("The end.")),
-        ("n", json!(2)),
-    ] {
+    for (field, value) in [("best_of", json!(2)), ("suffix", json!("The end."))] {
         let mut body = counting_body(2, false);
         body[field] = value;
         let resp = d.post("/v1/completions", &body).await;

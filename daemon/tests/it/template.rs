@@ -183,3 +183,85 @@ async fn a_template_minijinja_cannot_compile_falls_back_to_the_builtin() {
         d.log_tail()
     );
 }
+
+/// A copy of the test model whose GGUF carries `template` as its chat template (no longer
+/// than the original: the header shrinks and the padding before the tensor data takes up
+/// the difference, so every tensor keeps its offset).
+fn model_with_template(dir: &std::path::Path, template: &str) -> PathBuf {
+    let src = crate::harness::find_model().expect("test model");
+    let bytes = std::fs::read(&src).expect("read model");
+    let data_start = inferloop_gguf::Gguf::open(&src)
+        .expect("gguf")
+        .data_offset() as usize;
+    let key = b"tokenizer.chat_template";
+    let mut header = bytes[..data_start].to_vec();
+    // Key, then the value's type (u32 8: string), then the string's u64 length and bytes.
+    let at = header
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("a chat template in the test model")
+        + key.len()
+        + 4;
+    let len = u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes")) as usize;
+    assert!(
+        template.len() <= len,
+        "the copy's template must not be longer"
+    );
+    let mut value = (template.len() as u64).to_le_bytes().to_vec();
+    value.extend_from_slice(template.as_bytes());
+    header.splice(at..at + 8 + len, value);
+    header.resize(data_start, 0);
+    let path = dir.join("template.gguf");
+    let mut out = header;
+    out.extend_from_slice(&bytes[data_start..]);
+    std::fs::write(&path, out).expect("write model copy");
+    path
+}
+
+/// The chat template comes with the weights, from anywhere. One that loops for hours
+/// (two nested loops, each within minijinja's range limit) used to hang the model load:
+/// now its check render runs out of fuel, the box falls back to llama.cpp's matcher and
+/// serves. One that loops only on some conversations refuses those requests with a 400 and
+/// keeps serving the rest.
+#[tokio::test]
+async fn a_hostile_template_in_the_gguf_is_refused_and_the_box_keeps_serving() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let always = model_with_template(
+        dir.path(),
+        &format!("{spin}{{% for m in messages %}}<|im_start|>{{{{ m.content }}}}<|im_end|>{{% endfor %}}"),
+    );
+    let d = Daemon::start(&["--model", always.to_str().expect("utf-8 path")]);
+    let v = d.chat(&chat_body("Hi", 1)).await;
+    assert!(v["usage"]["prompt_tokens"].as_u64() > Some(0), "{v}");
+    let status = d.status().await;
+    assert_eq!(
+        status["model"]["chat_template"], "llama.cpp builtin",
+        "{status}"
+    );
+    assert!(d.log().contains("step limit"), "{}", d.log_tail());
+    drop(d);
+
+    let sometimes = model_with_template(
+        dir.path(),
+        &format!(
+            "{{% if messages | length > 2 %}}{spin}{{% endif %}}{{% for m in messages %}}\
+             <|im_start|>{{{{ m.role }}}}\n{{{{ m.content }}}}<|im_end|>\n{{% endfor %}}\
+             <|im_start|>assistant\n"
+        ),
+    );
+    let d = Daemon::start(&["--model", sometimes.to_str().expect("utf-8 path")]);
+    assert_eq!(d.status().await["model"]["chat_template"], "jinja");
+    // Contents reach a template as sentinels; the message count is what it can loop on.
+    let three = json!({"messages": [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ], "max_tokens": 1});
+    let resp = d.post("/v1/chat/completions", &three).await;
+    let err = assert_error(resp, 400, Some("messages"), None).await;
+    let msg = err["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("step limit"), "{msg}");
+    let v = d.chat(&chat_body("Hi", 1)).await;
+    assert!(v["usage"]["prompt_tokens"].as_u64() > Some(0), "{v}");
+}

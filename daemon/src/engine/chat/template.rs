@@ -19,6 +19,17 @@ use super::turn::ChatTurn;
 /// The template's name in its environment.
 const NAME: &str = "chat";
 
+/// The steps (and, at about 64 bytes a unit, the memory) one render may use: minijinja's
+/// fuel. The template comes with the weights, from anywhere: two nested loops within
+/// minijinja's range limit would otherwise render for hours (2M steps take well under a
+/// second). The fixtures' real templates need under a tenth of it for 400 long messages with
+/// tools (`real_templates_render_long_chats_well_within_the_fuel`).
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+
+/// The most bytes one render may write: far beyond any prompt a context holds, far short
+/// of what a looping template could write into memory.
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+
 /// Where the template text came from: the GGUF's `tokenizer.chat_template` or a file
 /// (`--chat-template`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +108,28 @@ impl std::fmt::Display for Raised {
 
 impl std::error::Error for Raised {}
 
+/// A render's output, refused past [`MAX_RENDER_BYTES`].
+#[derive(Default)]
+struct Capped {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDER_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("render limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A compiled Jinja chat template and the special-token texts it is rendered with.
 pub struct JinjaTemplate {
     env: Environment<'static>,
@@ -116,6 +149,7 @@ impl JinjaTemplate {
             .map_err(|e| e.to_string())?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function(
             "raise_exception",
             |message: String| -> Result<Value, Error> {
@@ -185,7 +219,20 @@ impl JinjaTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| PromptError::Template(e.to_string()))?;
-        template.render(ctx).map_err(|e| {
+        let mut out = Capped::default();
+        let rendered = template.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(PromptError::Template(format!(
+                "it wrote more than {MAX_RENDER_BYTES} bytes (the render limit)"
+            )));
+        }
+        rendered.map_err(|e| {
+            if e.kind() == ErrorKind::OutOfFuel {
+                return PromptError::Template(format!(
+                    "it ran past its step limit ({TEMPLATE_FUEL} steps): a template that \
+                     loops this long is refused"
+                ));
+            }
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(s) = source {
                 if let Some(raised) = s.downcast_ref::<Raised>() {
@@ -194,7 +241,9 @@ impl JinjaTemplate {
                 source = s.source();
             }
             PromptError::Template(format!("{e:#}"))
-        })
+        })?;
+        String::from_utf8(out.bytes)
+            .map_err(|_| PromptError::Template("it wrote text that is not UTF-8".into()))
     }
 
     /// Drops a BOS the template wrote when the tokenizer adds one anyway (and an EOS at the

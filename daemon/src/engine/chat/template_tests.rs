@@ -88,3 +88,73 @@ fn python_methods_and_globals_are_there() {
 fn a_template_minijinja_cannot_parse_is_an_error() {
     assert!(JinjaTemplate::compile("{% for %}", "", "").is_err());
 }
+
+/// Two nested loops, each within minijinja's range limit: without fuel this renders for
+/// hours (it hung the model load); with it, the render stops with a clear error.
+#[test]
+fn a_template_that_loops_too_long_runs_out_of_fuel() {
+    let t = JinjaTemplate::compile(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+        "",
+        "",
+    )
+    .expect("compiles");
+    match t.render(&[turn("user", "x")], None, true) {
+        Err(PromptError::Template(m)) => assert!(m.contains("step limit"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A template that writes one large string over and over is stopped by the render's byte
+/// limit long before it fills memory.
+#[test]
+fn a_template_that_writes_gigabytes_is_cut_at_the_render_limit() {
+    let t = JinjaTemplate::compile(
+        "{% set s = 'x' * 1000000 %}{% for i in range(5000) %}{{ s }}{% endfor %}",
+        "",
+        "",
+    )
+    .expect("compiles");
+    match t.render(&[turn("user", "x")], None, true) {
+        Err(PromptError::Template(m)) => assert!(m.contains("render limit"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The fuel leaves real templates ample room: every fixture renders a chat of several
+/// hundred long messages with tools, far more than a context holds.
+#[test]
+fn real_templates_render_long_chats_well_within_the_fuel() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
+    let tools = serde_json::json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let long = "word ".repeat(200);
+    // Alternating user and assistant turns (some templates insist), a system turn first.
+    let mut turns = vec![turn("system", "Be brief.")];
+    for i in 0..400 {
+        turns.push(turn(if i % 2 == 0 { "user" } else { "assistant" }, &long));
+    }
+    turns.push(turn("user", "Last question?"));
+    for entry in std::fs::read_dir(dir).expect("fixtures") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("jinja") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("template");
+        let t = JinjaTemplate::compile(&source, "<s>", "</s>").expect("compiles");
+        // Some fixtures refuse a system turn or tools by their own rules; the fuel must
+        // never be what stops them.
+        let with_tools = t.render(&turns, Some(&tools), true);
+        let plain = t.render(&turns[1..], None, true);
+        for r in [with_tools, plain] {
+            if let Err(PromptError::Template(m)) = &r {
+                assert!(
+                    !m.contains("step limit") && !m.contains("render limit"),
+                    "{}: {m}",
+                    path.display()
+                );
+            }
+        }
+    }
+}

@@ -19,7 +19,7 @@ impl<B: Backend> Scheduler<'_, B> {
         self.metrics
             .prefix_lookup_tokens_total
             .inc_by(seq.prompt.len() as u64);
-        seq.awaiting = self.prefix_in_flight(slot, &seq.prompt);
+        seq.awaiting = self.prefix_in_flight(slot, &seq.prompt, seq.sibling);
         let cached = match seq.awaiting {
             Some(_) => self.reuse_prefix(slot, &[]),
             None => self.reuse_prefix(slot, &seq.prompt),
@@ -203,7 +203,15 @@ impl<B: Backend> Scheduler<'_, B> {
     /// A request still prefilling the start of `prompt`, when it will hold clearly more of
     /// it than any slot does now: (its slot, the tokens to reuse once they are in). Requests
     /// that arrive together with one system prompt then compute it once, not once each.
-    fn prefix_in_flight(&self, slot: usize, prompt: &[i32]) -> Option<(usize, usize)> {
+    /// A `sibling` (a later choice of a request with `n` > 1, admitted right after the
+    /// choice before it) waits for any prefix worth a copy: its whole prompt is being
+    /// computed beside it.
+    fn prefix_in_flight(
+        &self,
+        slot: usize,
+        prompt: &[i32],
+        sibling: bool,
+    ) -> Option<(usize, usize)> {
         let (n, chunk) = (prompt.len(), self.plan.prefill_chunk as usize);
         let resident = self
             .prefix
@@ -227,7 +235,9 @@ impl<B: Backend> Scheduler<'_, B> {
                 )
             })
             .max_by_key(|&(s, len)| (len, std::cmp::Reverse(s)))?;
-        (len >= resident + TILE_ROWS).then_some((src, len))
+        // A sibling's whole prompt is coming: worth waiting for whatever a copy beats.
+        let worth = if sibling { self.min_copy() } else { TILE_ROWS };
+        (len >= resident + worth).then_some((src, len))
     }
 
     /// Sequences waiting for another's prefill take what it computed once it is in, or once

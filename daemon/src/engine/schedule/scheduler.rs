@@ -196,21 +196,19 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 
     /// Returns false when the loop must stop.
     pub(super) fn handle(&mut self, cmd: Command) -> bool {
-        let Command::Submit {
-            request,
-            events,
-            accepted,
-        } = cmd
-        else {
+        let Command::Submit { choices, accepted } = cmd else {
             return false;
         };
         // Critical: refuse new work here, at submit; queued and running work goes on.
         let reply = match self.thermal.refusal() {
             Some(overheat) => Err(EngineError::from(overheat)),
-            None => match self
-                .state
-                .offer(Sequence::waiting(request, events), self.clock.now())
-            {
+            None => match self.state.offer_group(
+                choices
+                    .into_iter()
+                    .map(|(request, events)| Sequence::waiting(request, events))
+                    .collect(),
+                self.clock.now(),
+            ) {
                 Ok(()) => Ok(()),
                 Err(_) => Err(EngineError::QueueFull {
                     slots: self.state.slots(),
@@ -264,6 +262,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
                 break;
             };
             let (slot, mut seq) = (admitted.slot, admitted.job);
+            seq.sibling = admitted.follows;
             if !seq.admit(now, admitted.waited) {
                 self.metrics.cancelled_total.inc();
                 self.state.release(slot);

@@ -115,15 +115,26 @@ impl Rig {
         &mut self,
         request: GenerationRequest,
     ) -> Result<UnboundedReceiver<Event>, EngineError> {
-        let (events, rx) = mpsc::unbounded_channel();
+        let mut rxs = self.submit_choices(vec![request])?;
+        Ok(rxs.remove(0))
+    }
+
+    /// Hands a request's choices to the scheduler together, as `n` > 1 does.
+    pub(super) fn submit_choices(
+        &mut self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, EngineError> {
+        let (choices, rxs): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|r| {
+                let (events, rx) = mpsc::unbounded_channel();
+                ((r, events), rx)
+            })
+            .unzip();
         let (accepted, mut reply) = oneshot::channel();
-        assert!(self.s.handle(Command::Submit {
-            request,
-            events,
-            accepted,
-        }));
+        assert!(self.s.handle(Command::Submit { choices, accepted }));
         reply.try_recv().expect("answered within `handle`")?;
-        Ok(rx)
+        Ok(rxs)
     }
 
     pub(super) fn turn(&mut self) {

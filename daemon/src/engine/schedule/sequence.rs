@@ -74,6 +74,9 @@ pub struct Sequence {
     /// (slot, tokens): another request is prefilling this many tokens of the same prompt;
     /// this one feeds nothing until it can reuse them.
     pub awaiting: Option<(usize, usize)>,
+    /// A later choice of a request with `n` > 1: it waits for the prompt the choice
+    /// before it computes, however short.
+    pub sibling: bool,
     generated: u32,
     received_at: Instant,
     admitted_at: Option<Instant>,
@@ -111,6 +114,7 @@ impl Sequence {
             pos: 0,
             cached: 0,
             awaiting: None,
+            sibling: false,
             generated: 0,
             received_at: request.received_at,
             admitted_at: None,

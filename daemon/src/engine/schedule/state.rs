@@ -23,6 +23,9 @@ pub enum Rejected {
 struct Queued<J> {
     job: J,
     since: Instant,
+    /// Jobs that start together from here: the group's size on its first job (1 for a job
+    /// alone), 0 on the rest of a group, which follow it in the queue.
+    group: usize,
 }
 
 /// Slots and the FIFO queue in front of them, plus the KV cells each running job reserved.
@@ -106,34 +109,61 @@ impl<J: Waiter> State<J> {
     /// what would still wait after every startable job started, not by its raw length.
     /// Waiters whose client left are dropped first, so they never cost a live client a 429.
     pub fn offer(&mut self, job: J, now: Instant) -> Result<(), (Rejected, J)> {
+        self.offer_group(vec![job], now)
+            .map_err(|(r, mut jobs)| (r, jobs.remove(0)))
+    }
+
+    /// Accepts jobs that must start together (a request's `n` choices), or none of them:
+    /// they count as that many waiters, and [`admit`](Self::admit) starts the first only
+    /// when there are slots and cells for all, the rest right after it.
+    pub fn offer_group(&mut self, jobs: Vec<J>, now: Instant) -> Result<(), (Rejected, Vec<J>)> {
         self.drop_gone();
-        let would_wait = self.queue.len() + 1 - self.startable(Some(&job));
-        if would_wait > self.queue_capacity {
+        let size = jobs.len();
+        let would_wait = (self.queue.len() + size).saturating_sub(self.startable(&jobs));
+        if size == 0 || would_wait > self.queue_capacity {
             return Err((
                 Rejected::QueueFull {
                     capacity: self.queue_capacity,
                 },
-                job,
+                jobs,
             ));
         }
-        self.queue.push_back(Queued { job, since: now });
+        for (i, job) in jobs.into_iter().enumerate() {
+            let group = if i == 0 { size } else { 0 };
+            self.queue.push_back(Queued {
+                job,
+                since: now,
+                group,
+            });
+        }
         Ok(())
     }
 
-    /// How many queued jobs (then `next`), from the front, `admit` would start now: free
-    /// slots under the cap, KV cells in FIFO order (a head short of cells blocks the rest).
-    fn startable(&self, next: Option<&J>) -> usize {
+    /// How many queued jobs (then `next`, one group), from the front, `admit` would start
+    /// now: free slots under the cap, KV cells in FIFO order (a head short of cells blocks
+    /// the rest), a group whole or not at all.
+    fn startable(&self, next: &[J]) -> usize {
         let mut slots = self.max_active.saturating_sub(self.active());
         let mut cells = self.kv_reserved();
         let mut n = 0;
-        for job in self.queue.iter().map(|q| &q.job).chain(next) {
-            let need = job.kv_cells();
-            if slots == 0 || cells + need > self.kv_capacity {
+        let queued = self.queue.iter().map(|q| (q.group, &q.job));
+        let next = next.iter().enumerate().map(|(i, j)| {
+            let group = if i == 0 { next.len() } else { 0 };
+            (group, j)
+        });
+        let jobs: Vec<(usize, &J)> = queued.chain(next).collect();
+        let mut i = 0;
+        while i < jobs.len() {
+            let size = jobs[i].0.max(1);
+            let members = &jobs[i..(i + size).min(jobs.len())];
+            let need: u64 = members.iter().map(|(_, j)| j.kv_cells()).sum();
+            if slots < members.len() || cells + need > self.kv_capacity {
                 break;
             }
-            slots -= 1;
+            slots -= members.len();
             cells += need;
-            n += 1;
+            n += members.len();
+            i += members.len();
         }
         n
     }
@@ -185,7 +215,16 @@ impl<J: Waiter> State<J> {
                 self.departed += 1;
                 continue;
             }
-            if !self.kv_fits(front.job.kv_cells()) {
+            // A group's first job starts only with room for the whole group; the rest
+            // (`group` 0) then follow it at once, into the room it was judged by.
+            if front.group > 1 {
+                let members = self.queue.iter().take(front.group);
+                let need: u64 = members.map(|q| q.job.kv_cells()).sum();
+                let free = self.max_active.saturating_sub(self.active());
+                if free < front.group || !self.kv_fits(need) {
+                    return None;
+                }
+            } else if front.group == 1 && !self.kv_fits(front.job.kv_cells()) {
                 return None;
             }
             let q = self.queue.pop_front()?;
@@ -202,6 +241,7 @@ impl<J: Waiter> State<J> {
                 slot,
                 job: q.job,
                 waited: now.saturating_duration_since(q.since),
+                follows: q.group == 0,
             });
         }
         None
@@ -239,4 +279,6 @@ pub struct Admitted<J> {
     pub slot: usize,
     pub job: J,
     pub waited: Duration,
+    /// A later job of a group, started right after the job before it.
+    pub follows: bool,
 }

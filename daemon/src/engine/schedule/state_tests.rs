@@ -263,3 +263,51 @@ fn release_makes_a_slot_reusable() {
     s.offer(Job::new(1), now).ok();
     assert_eq!(s.admit(now).map(|x| x.slot), Some(a.slot));
 }
+
+#[test]
+fn a_group_starts_whole_once_there_are_cells_for_all_of_it() {
+    let now = Instant::now();
+    let mut s = State::new(3, 4, Duration::from_secs(10), 90);
+    s.offer(Job::sized(0, 40), now).ok();
+    let running = s.admit(now).expect("fits");
+    s.offer_group(vec![Job::sized(1, 30), Job::sized(2, 30)], now)
+        .ok()
+        .expect("queued");
+    // Its first job alone would fit (40 + 30 ≤ 90), the group does not (40 + 60).
+    assert!(s.admit(now).is_none(), "no partial start");
+    s.release(running.slot);
+    let first = s.admit(now).expect("the group's first job");
+    assert_eq!((first.job.id, first.follows), (1, false));
+    let second = s.admit(now).expect("the rest follows at once");
+    assert_eq!((second.job.id, second.follows), (2, true));
+    assert_eq!(s.active(), 2);
+}
+
+#[test]
+fn a_group_waits_for_as_many_free_slots_as_it_has_jobs() {
+    let now = Instant::now();
+    let mut s = state(2, 4);
+    s.offer(Job::new(0), now).ok();
+    let running = s.admit(now).expect("slot");
+    s.offer_group(vec![Job::new(1), Job::new(2)], now)
+        .ok()
+        .expect("queued");
+    assert!(s.admit(now).is_none(), "one slot free, two needed");
+    assert_eq!(s.queued(), 2);
+    s.release(running.slot);
+    assert_eq!(s.admit(now).map(|a| a.job.id), Some(1));
+    assert_eq!(s.admit(now).map(|a| a.job.id), Some(2));
+}
+
+#[test]
+fn a_group_the_queue_cannot_hold_is_refused_whole() {
+    let now = Instant::now();
+    let mut s = state(1, 1);
+    s.offer(Job::new(0), now).ok();
+    let _running = s.admit(now).expect("slot");
+    let refused = s.offer_group(vec![Job::new(1), Job::new(2)], now);
+    let (why, jobs) = refused.expect_err("two waiters, room for one");
+    assert_eq!(why, Rejected::QueueFull { capacity: 1 });
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(s.queued(), 0, "nothing of the group is left queued");
+}

@@ -155,17 +155,31 @@ impl Handle {
         &self,
         request: GenerationRequest,
     ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
-        let (events, rx) = mpsc::unbounded_channel();
+        let mut receivers = self.submit_choices(vec![request]).await?;
+        receivers
+            .pop()
+            .ok_or_else(|| EngineError::Context("no receiver for a submitted request".into()))
+    }
+
+    /// Queues sequences that start together (a request's choices); resolves once the
+    /// scheduler accepted or refused them all. One receiver per request, in order.
+    pub async fn submit_choices(
+        &self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, EngineError> {
+        let (choices, receivers): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|r| {
+                let (events, rx) = mpsc::unbounded_channel();
+                ((r, events), rx)
+            })
+            .unzip();
         let (accepted, accepted_rx) = oneshot::channel();
         self.tx
-            .send(Command::Submit {
-                request,
-                events,
-                accepted,
-            })
+            .send(Command::Submit { choices, accepted })
             .map_err(|_| EngineError::ShuttingDown)?;
         accepted_rx.await.map_err(|_| EngineError::ShuttingDown)??;
-        Ok(rx)
+        Ok(receivers)
     }
 
     pub fn shutdown(&self) {

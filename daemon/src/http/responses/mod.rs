@@ -59,15 +59,20 @@ async fn run(
     req: ValidResponses,
     received_at: Instant,
 ) -> Result<Response, ApiError> {
-    let sub = generate::submit(&state, req.request, FIELDS, received_at).await?;
+    let mut sub = generate::submit(&state, req.request, FIELDS, received_at).await?;
+    // The Responses API has no `n`: one choice.
+    let events = sub
+        .choices
+        .pop()
+        .ok_or_else(|| ApiError::internal("a request without choices"))?;
     let response = ResponseObject::new(new_id("resp_"), unix_now(), sub.model_id, req.echo);
     let cancel = state.cancel.clone();
     if sub.stream {
         let mut framer = ResponseFramer::new(response, sub.tools);
         let opening = framer.opening();
-        generate::stream(sub.events, cancel, framer, Some(opening)).await
+        generate::stream(events, cancel, framer, Some(opening)).await
     } else {
-        let (events, tools) = (sub.events, sub.tools);
+        let tools = sub.tools;
         let answer = async move {
             tokio::select! {
                 biased;

@@ -92,6 +92,90 @@ pub fn events_to_body<F: Frames>(
     stream::iter(opening).chain(rest).map(Ok)
 }
 
+/// [`events_to_body`] for a request with several choices: each choice's events framed by
+/// its own [`Framer`] (its index, tool parser, offsets), interleaved as they come; a
+/// choice's finish chunk when it finishes, then, once all have, one usage chunk over them
+/// ([`Usage::of_choices`]) and `[DONE]`. A choice that fails ends the stream with an error
+/// frame, and dropping the rest cancels them.
+pub fn choices_to_body(
+    framers: Vec<Framer>,
+    opening: Vec<Bytes>,
+    choices: Vec<UnboundedReceiver<Event>>,
+    cancel: watch::Receiver<bool>,
+    keepalive: Duration,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let pending = framers.len();
+    let merged = stream::select_all(choices.into_iter().enumerate().map(|(i, rx)| {
+        stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+            .map(move |e| (i, e))
+            .boxed()
+    }));
+    let state = Choices {
+        framers,
+        merged,
+        cancel,
+        usages: Vec::new(),
+        pending,
+    };
+    let rest = stream::unfold(Some(state), move |state| async move {
+        let mut st = state?;
+        let shutting_down = || {
+            let e: ApiError = EngineError::ShuttingDown.into();
+            error_frame(&e)
+        };
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = st.cancel.wait_for(|c| *c) => return Some((shutting_down(), None)),
+                next = tokio::time::timeout(keepalive, st.merged.next()) => next,
+            };
+            let bytes = match next {
+                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
+                Ok(Some((_, Event::Admitted { .. } | Event::Embedding(_)))) => continue,
+                Ok(Some((i, Event::Text { text, logprobs }))) => {
+                    let bytes = st.framers[i].text(&text, &logprobs);
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    bytes
+                }
+                Ok(Some((
+                    i,
+                    Event::Finished {
+                        reason,
+                        usage,
+                        timings,
+                    },
+                ))) => {
+                    let mut bytes = st.framers[i].finish(reason, timings).to_vec();
+                    st.usages.push(usage);
+                    st.pending -= 1;
+                    if st.pending == 0 {
+                        bytes.extend_from_slice(&st.framers[0].end(Usage::of_choices(&st.usages)));
+                        return Some((Bytes::from(bytes), None));
+                    }
+                    Bytes::from(bytes)
+                }
+                Ok(Some((_, Event::Failed(e)))) => return Some((error_frame(&e.into()), None)),
+                Ok(None) => return Some((shutting_down(), None)),
+            };
+            return Some((bytes, Some(st)));
+        }
+    });
+    stream::iter(opening).chain(rest).map(Ok)
+}
+
+/// The state of a stream of several choices.
+struct Choices<S> {
+    framers: Vec<Framer>,
+    merged: S,
+    cancel: watch::Receiver<bool>,
+    /// The usage of each choice that finished.
+    usages: Vec<Usage>,
+    /// Choices still generating.
+    pending: usize,
+}
+
 pub fn response(body: impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
     let mut resp = Body::from_stream(body).into_response();
     let h = resp.headers_mut();

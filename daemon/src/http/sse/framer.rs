@@ -28,9 +28,12 @@ impl Shape {
     }
 }
 
-/// Per-stream constants and frame builders.
+/// Per-choice constants and frame builders (a request with `n` choices has `n`, their
+/// chunks interleaved in one stream).
 pub struct Framer {
     pub shape: Shape,
+    /// The choice's `index` in every chunk.
+    pub index: u32,
     pub id: String,
     pub created: u64,
     pub model: String,
@@ -186,9 +189,15 @@ impl Framer {
     }
 
     /// Finish chunk, usage chunk if asked for, and the `[DONE]` sentinel, as one write.
-    /// With tools, what the parser held back goes first, and a stream that sent calls
-    /// and stopped on its own finishes with `tool_calls`.
     pub fn closing(&mut self, reason: FinishReason, usage: Usage, timings: Timings) -> Bytes {
+        let mut out = self.finish(reason, timings).to_vec();
+        out.extend_from_slice(&self.end(usage));
+        Bytes::from(out)
+    }
+
+    /// The choice's finish chunk. With tools, what the parser held back goes first, and a
+    /// choice that sent calls and stopped on its own finishes with `tool_calls`.
+    pub fn finish(&mut self, reason: FinishReason, timings: Timings) -> Bytes {
         let mut out = Vec::new();
         let mut reason = reason;
         if let Some(mut tools) = self.tools.take() {
@@ -204,6 +213,13 @@ impl Framer {
             Shape::Completion => self.completion_chunk("", Some(reason), Some(timings)),
         };
         out.extend_from_slice(&finish);
+        Bytes::from(out)
+    }
+
+    /// The stream's end, once every choice finished: the usage chunk if asked for, then
+    /// the `[DONE]` sentinel.
+    pub fn end(&self, usage: Usage) -> Bytes {
+        let mut out = Vec::new();
         if self.include_usage {
             let chunk = match self.shape {
                 Shape::Chat => frame(&ChatChunk {
@@ -256,7 +272,7 @@ impl Framer {
             model: &self.model,
             system_fingerprint: FINGERPRINT,
             choices: vec![ChunkChoice {
-                index: 0,
+                index: self.index,
                 delta,
                 logprobs,
                 finish_reason,
@@ -289,7 +305,7 @@ impl Framer {
             model: &self.model,
             system_fingerprint: FINGERPRINT,
             choices: vec![CompletionChunkChoice {
-                index: 0,
+                index: self.index,
                 text,
                 logprobs,
                 finish_reason,
@@ -324,6 +340,7 @@ mod tests {
     fn framer(include_usage: bool) -> Framer {
         Framer {
             shape: Shape::Chat,
+            index: 0,
             id: "chatcmpl-1".into(),
             created: 1,
             model: "m".into(),

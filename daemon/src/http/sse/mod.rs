@@ -4,5 +4,5 @@
 mod body;
 mod framer;
 
-pub use body::{events_to_body, response, Frames, KEEPALIVE_EVERY};
+pub use body::{choices_to_body, events_to_body, response, Frames, KEEPALIVE_EVERY};
 pub use framer::{Framer, Shape, ToolFramer};

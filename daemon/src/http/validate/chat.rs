@@ -16,7 +16,7 @@ use crate::tools::{PastCall, ToolUse};
 
 /// A `/v1/chat/completions` body, checked field by field.
 pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     unsupported_chat(&req)?;
     extensions::check(&req.llama_extensions())?;
     let mut sampling = sampling(&req.sampling())?;
@@ -173,6 +173,7 @@ pub fn chat(req: ChatCompletionRequest) -> Result<ValidRequest, InvalidRequest> 
         grammar_from,
         tools,
         speculative: req.speculative.unwrap_or(true),
+        n,
     })
 }
 

@@ -12,7 +12,7 @@ const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
 /// A `/v1/completions` body, checked field by field.
 pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest> {
-    check_n(req.n)?;
+    let n = check_n(req.n)?;
     unsupported_completion(&req)?;
     extensions::check(&req.llama_extensions())?;
     let format = output_grammar(None, req.json_schema.as_ref(), req.grammar.as_ref())?;
@@ -59,11 +59,11 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
     // `n_predict` sets another (`-1`: up to the context's end).
     let max_tokens = req
         .max_tokens
-        .map(|n| check_max_tokens("max_tokens", n).map(|n| ("max_tokens", n)))
+        .map(|m| check_max_tokens("max_tokens", m).map(|m| ("max_tokens", m)))
         .transpose()?;
     let max_tokens = match (req.n_predict, max_tokens) {
         (None, None) => Some(16),
-        (n, given) => extensions::n_predict(n, given)?,
+        (predict, given) => extensions::n_predict(predict, given)?,
     };
     let stream = req.stream.unwrap_or(false);
     let (grammar, grammar_from) = format.unzip();
@@ -81,6 +81,7 @@ pub fn completion(req: CompletionRequest) -> Result<ValidRequest, InvalidRequest
         grammar_from,
         tools: None,
         speculative: req.speculative.unwrap_or(true),
+        n,
     })
 }
 

@@ -8,14 +8,18 @@ use crate::http::wire::{StopField, StreamOptions};
 const MAX_STOPS: usize = 16;
 const MAX_STOP_BYTES: usize = 512;
 
-pub(super) fn check_n(n: Option<u32>) -> Result<(), InvalidRequest> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(0) => Err(InvalidRequest::field("n", "must be at least 1")),
-        Some(_) => Err(InvalidRequest::field(
+/// OpenAI's own bound on `n`; the box's (`--max-n`, at most the slots) is checked once
+/// the request reaches it.
+pub const MAX_N: u32 = 128;
+
+pub(super) fn check_n(n: Option<u32>) -> Result<u32, InvalidRequest> {
+    match n.unwrap_or(1) {
+        0 => Err(InvalidRequest::field("n", "must be at least 1")),
+        n if n > MAX_N => Err(InvalidRequest::field(
             "n",
-            "greater than 1 is not supported by this server; send separate requests",
+            format!("must be at most {MAX_N}"),
         )),
+        n => Ok(n),
     }
 }
 

@@ -75,4 +75,6 @@ pub struct ValidRequest {
     /// Speculative decoding may serve it (`"speculative": false` opts out). It changes how
     /// many steps generation takes, not the distribution of what is generated.
     pub speculative: bool,
+    /// Choices to generate (`n`), each its own sequence sampled with `seed + index`.
+    pub n: u32,
 }

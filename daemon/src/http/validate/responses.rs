@@ -91,6 +91,7 @@ pub fn responses(req: ResponsesRequest) -> Result<ValidResponses, InvalidRequest
         grammar_from: None,
         tools,
         speculative: req.speculative.unwrap_or(true),
+        n: 1,
     };
     Ok(ValidResponses { request, echo })
 }

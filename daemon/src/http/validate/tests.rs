@@ -404,7 +404,8 @@ fn out_of_range_values_are_rejected() {
         ("presence_penalty", "3"),
         ("frequency_penalty", "-3"),
         ("max_tokens", "0"),
-        ("n", "2"),
+        ("n", "0"),
+        ("n", "129"),
     ] {
         let body = format!(r#"{{{HELLO},"{field}":{value}}}"#);
         assert_eq!(param_of(chat_json(&body)), field, "{body}");
@@ -671,7 +672,6 @@ fn unsupported_openai_chat_fields_are_refused_by_name() {
         ("verbosity", r#""low""#),
         ("functions", r#"[{"name":"f"}]"#),
         ("function_call", r#""auto""#),
-        ("n", "2"),
     ] {
         let (param, msg) = message_of(chat_json(&format!(r#"{{{HELLO},"{field}":{value}}}"#)));
         assert_eq!(param, field, "{field}: {value}");
@@ -693,6 +693,7 @@ fn openai_chat_fields_that_ask_for_nothing_are_accepted() {
         r#""prompt_cache_retention":"24h""#,
         r#""audio":null,"prediction":null,"web_search_options":null,"functions":null"#,
         r#""n":1,"seed":3,"stream":true,"stream_options":{"include_usage":true}"#,
+        r#""n":8"#,
     ] {
         chat_json(&format!("{{{HELLO},{body}}}")).unwrap_or_else(|e| panic!("{body}: {e}"));
     }
@@ -704,7 +705,7 @@ fn unsupported_completion_fields_are_refused_by_name() {
         (r#"{"prompt":"a","best_of":2}"#, "best_of"),
         (r#"{"prompt":"a","best_of":0}"#, "best_of"),
         (r#"{"prompt":"a","suffix":"end"}"#, "suffix"),
-        (r#"{"prompt":"a","n":3}"#, "n"),
+        (r#"{"prompt":"a","n":0}"#, "n"),
     ] {
         assert_eq!(param_of(completion_json(body)), field, "{body}");
     }

@@ -58,7 +58,6 @@ fn beyond_openai(id: &str, field: &str) -> Option<&'static str> {
     match (id, field) {
         (_, "top_k") => Some("`top_k` (not an OpenAI field)"),
         (_, "min_p") => Some("`min_p` (not an OpenAI field)"),
-        ("input.range.n_two", _) => Some("refusing `n` > 1 (OpenAI's API allows it)"),
         ("input.completions.prompt_list_of_two", _) => {
             Some("refusing a list of prompts (OpenAI's API allows it)")
         }

@@ -8,7 +8,7 @@ pub(super) fn register(r: &mut Registry) {
     // ---- out of range: 400 naming the field ----
     let long_stop = "x".repeat(513);
     let many_stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
-    let ranges: [(&str, &str, Value, &str); 14] = [
+    let ranges: [(&str, &str, Value, &str); 13] = [
         (
             "input.range.temperature_above_2",
             "temperature",
@@ -49,7 +49,6 @@ pub(super) fn register(r: &mut Registry) {
             json!(0),
             "max_completion_tokens",
         ),
-        ("input.range.n_two", "n", json!(2), "n"),
         (
             "input.range.stop_too_many",
             "stop",
@@ -88,4 +87,37 @@ pub(super) fn register(r: &mut Registry) {
             case.inferloopd_only(what);
         }
     }
+    // `n`: two choices from one request, and a bound above every box's slots.
+    r.add(
+        G,
+        "input.range.n_two",
+        "`n` = 2 returns two choices; `n` = 129 is refused",
+        "n = 2: 200 with choices[0] and choices[1] (index 0 and 1, each with text and a finish_reason), usage counting the prompt once; n = 129: 400 naming `n`",
+        |c, ev| {
+            let resp = c.target.post(CHAT, &chat_with("n", json!(2)))?;
+            ev.text("n = 2", &resp.describe());
+            let v = json_200(&resp, "n = 2")?;
+            let choices = v["choices"].as_array().cloned().unwrap_or_default();
+            ensure_eq!("choices", choices.len(), 2);
+            for (i, ch) in choices.iter().enumerate() {
+                ensure_eq!(format!("choices[{i}].index"), ch["index"].as_u64(), Some(i as u64));
+                ensure!(
+                    ch["message"]["content"].is_string() && ch["finish_reason"].is_string(),
+                    format!("choice {i} has content and a finish_reason"),
+                    ch.to_string()
+                );
+            }
+            let u = &v["usage"];
+            let (prompt, completion) = (u["prompt_tokens"].as_u64(), u["completion_tokens"].as_u64());
+            ensure!(
+                matches!((prompt, completion), (Some(p), Some(c)) if p > 0 && c <= 16 && u["total_tokens"].as_u64() == Some(p + c)),
+                "usage: the prompt once, both choices' completion tokens (≤ 2 × max_tokens 8)",
+                u.to_string()
+            );
+            let resp = c.target.post(CHAT, &chat_with("n", json!(129)))?;
+            ev.text("n = 129", &resp.describe());
+            expect_error(&resp, 400, Some("n"), None)?;
+            Ok("two choices; n = 129 refused naming n".into())
+        },
+    );
 }
