@@ -96,6 +96,13 @@ pub(super) fn register(r: &mut Registry) {
         |c, ev| {
             let resp = c.target.post(CHAT, &chat_with("n", json!(2)))?;
             ev.text("n = 2", &resp.describe());
+            // Each choice takes a slot: a one-slot inferloopd refuses n = 2, naming `n`.
+            if c.server.inferloopd && resp.status() == 400 {
+                let slots = c.target.status()?["slots"]["total"].as_u64();
+                ensure!(slots < Some(2), "n = 2 served on a box with two slots or more", resp.describe());
+                expect_error(&resp, 400, Some("n"), None)?;
+                return Ok("one slot: n = 2 refused naming n".into());
+            }
             let v = json_200(&resp, "n = 2")?;
             let choices = v["choices"].as_array().cloned().unwrap_or_default();
             ensure_eq!("choices", choices.len(), 2);
