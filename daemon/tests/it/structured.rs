@@ -427,3 +427,27 @@ async fn unknown_fields_and_settings_not_acted_on_are_400s_naming_them() {
     assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 }
+
+/// The guard that follows a constrained sequence's tokens: the grammar's own text passes,
+/// a token it forbids is refused (llama-cpp-2's sampler would let such a token through
+/// unmasked when llguidance cannot compute a mask).
+#[test]
+fn the_constraint_guard_refuses_a_token_the_grammar_forbids() {
+    use inferloopd::engine::constraint::Grammar;
+    let path = crate::harness::find_model().expect("test model");
+    let model = inferloopd::engine::chat::LoadedModel::load_with(&path, "guard".into(), None, true)
+        .expect("vocabulary");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false});
+    let constraint = model
+        .compile_grammar(&Grammar::JsonSchema(schema))
+        .expect("compiles");
+    let mut guard = constraint.guard();
+    for t in model.tokenize_whole(r#"{"a":12}"#) {
+        guard.follow(t).expect("the grammar's own text");
+    }
+    let mut guard = constraint.guard();
+    let hello = model.tokenize_whole("Hello");
+    let err = guard.follow(hello[0]).expect_err("not JSON");
+    assert!(err.contains("not enforced"), "{err}");
+}

@@ -1,7 +1,6 @@
 //! The llama.cpp backend: one context on the CPU, every slot a llama.cpp sequence, one
 //! `llama_decode` per step over the plan's tokens, a llama.cpp sampler chain per sequence.
 
-use std::convert::Infallible;
 use std::num::NonZeroU32;
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
@@ -21,6 +20,7 @@ use super::seam::{
 };
 use crate::config::{KvType, KvTypes};
 use crate::engine::chat::model::LoadedModel;
+use crate::engine::constraint::{Constraint, ConstraintGuard};
 use crate::engine::embed::Pooling;
 use crate::engine::plan::EnginePlan;
 use crate::engine::types::{EngineError, SamplingParams};
@@ -96,24 +96,30 @@ struct SeqSampler {
     chain: LlamaSampler,
     logprobs: Option<u8>,
     bias: Vec<(i32, f32)>,
+    /// With a grammar: every sampled token checked against it (see [`ConstraintGuard`]).
+    guard: Option<ConstraintGuard>,
 }
 
 impl SeqSampler {
-    /// The next token, and its log-probabilities when asked for.
+    /// The next token, and its log-probabilities when asked for; an error when the
+    /// request's grammar does not allow the token sampled.
     fn sample(
         &mut self,
         ctx: &LlamaContext<'_>,
         idx: i32,
         row: &mut Vec<f32>,
-    ) -> (i32, Option<TokenLogprobs>) {
+    ) -> Result<(i32, Option<TokenLogprobs>), BackendError> {
         let token = self.chain.sample(ctx, idx).0;
+        if let Some(guard) = self.guard.as_mut() {
+            guard.follow(token).map_err(BackendError::Sequence)?;
+        }
         let logprobs = self.logprobs.map(|n| {
             row.clear();
             row.extend_from_slice(ctx.get_logits_ith(idx));
             apply_bias(row, &self.bias);
             Distribution::of(row, usize::from(n)).report(row, token)
         });
-        (token, logprobs)
+        Ok((token, logprobs))
     }
 }
 
@@ -175,14 +181,22 @@ impl<'m> LlamaCpp<'m> {
                     Work::Verify { tokens, pos, .. } => {
                         // Row `i` of the verification is batch index `idx + i`.
                         let (ctx, row) = (&self.ctx, &mut self.row);
-                        let Ok(produced) = verify_rows::<Infallible>(&tokens[1..], |i| {
-                            Ok(sampler.sample(ctx, idx + i as i32, row))
-                        });
-                        // The rejected drafts' rows go; the sequence holds what it produced.
-                        self.truncate(seq, pos + produced.len() as u32);
-                        SeqOutcome::produced(seq, produced)
+                        let produced =
+                            verify_rows(&tokens[1..], |i| sampler.sample(ctx, idx + i as i32, row));
+                        match produced {
+                            Ok(produced) => {
+                                // The rejected drafts' rows go; the sequence holds what it
+                                // produced.
+                                self.truncate(seq, pos + produced.len() as u32);
+                                SeqOutcome::produced(seq, produced)
+                            }
+                            Err(e) => SeqOutcome::new(seq, Err(e)),
+                        }
                     }
-                    _ => SeqOutcome::sampled(seq, sampler.sample(&self.ctx, idx, &mut self.row)),
+                    _ => match sampler.sample(&self.ctx, idx, &mut self.row) {
+                        Ok(sampled) => SeqOutcome::sampled(seq, sampled),
+                        Err(e) => SeqOutcome::new(seq, Err(e)),
+                    },
                 },
                 (Some(_), None) => SeqOutcome::new(
                     seq,
@@ -250,6 +264,7 @@ impl Backend for LlamaCpp<'_> {
             chain: build_sampler(sampling, self.model.info().n_vocab),
             logprobs: sampling.logprobs,
             bias: sampling.logit_bias.clone(),
+            guard: sampling.constraint.as_ref().map(Constraint::guard),
         });
         Ok(())
     }

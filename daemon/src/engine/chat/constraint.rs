@@ -84,11 +84,41 @@ pub struct Constraint(Arc<Mutex<Matcher>>);
 impl Constraint {
     /// A fresh llama.cpp sampler that masks every token the grammar does not allow next.
     pub fn sampler(&self) -> LlamaSampler {
-        let matcher = match self.0.lock() {
+        LlamaSampler::from(self.matcher())
+    }
+
+    /// A fresh parser in the grammar's start state.
+    fn matcher(&self) -> Matcher {
+        match self.0.lock() {
             Ok(m) => m.deep_clone(),
             Err(poisoned) => poisoned.into_inner().deep_clone(),
-        };
-        LlamaSampler::from(matcher)
+        }
+    }
+
+    /// A second parser that follows the tokens a sequence samples: llama-cpp-2's sampler
+    /// leaves the candidates unmasked when llguidance cannot compute a mask (past its
+    /// per-step limits), so a token the grammar forbids would go out silently.
+    pub fn guard(&self) -> ConstraintGuard {
+        ConstraintGuard(self.matcher())
+    }
+}
+
+/// Follows a constrained sequence's sampled tokens and refuses one its grammar forbids.
+pub struct ConstraintGuard(Matcher);
+
+impl ConstraintGuard {
+    /// Takes the sampled `token`; an error when the grammar does not allow it (the mask was
+    /// not applied) or cannot say.
+    pub fn follow(&mut self, token: i32) -> Result<(), String> {
+        // Once the grammar is complete only the end of generation is sampled, and a stopped
+        // parser refuses every token: nothing left to check.
+        if self.0.is_stopped() {
+            return Ok(());
+        }
+        let token = u32::try_from(token).map_err(|_| format!("token {token} out of range"))?;
+        self.0
+            .consume_token(token)
+            .map_err(|e| format!("the grammar was not enforced at this token: {e}"))
     }
 }
 
