@@ -192,13 +192,6 @@ impl Timings {
         }
         let max = |f: fn(&Timings) -> f64| choices.iter().map(f).fold(0.0, f64::max);
         let sum = |f: fn(&Timings) -> u32| choices.iter().map(f).sum::<u32>();
-        let per_second = |n: u32, ms: f64| {
-            if ms > 0.0 {
-                f64::from(n) * 1e3 / ms
-            } else {
-                0.0
-            }
-        };
         let (prompt_n, prompt_ms) = (sum(|t| t.prompt_n), max(|t| t.prompt_ms));
         let (predicted_n, predicted_ms) = (sum(|t| t.predicted_n), max(|t| t.predicted_ms));
         Timings {
@@ -206,10 +199,10 @@ impl Timings {
             cache_n: sum(|t| t.cache_n),
             prompt_n,
             prompt_ms,
-            prompt_per_second: per_second(prompt_n, prompt_ms),
+            prompt_per_second: per_second(f64::from(prompt_n), prompt_ms),
             predicted_n,
             predicted_ms,
-            predicted_per_second: per_second(predicted_n, predicted_ms),
+            predicted_per_second: per_second(f64::from(predicted_n), predicted_ms),
             ttft_ms: choices
                 .iter()
                 .map(|t| t.ttft_ms)
@@ -218,6 +211,15 @@ impl Timings {
             draft_n: sum(|t| t.draft_n),
             draft_n_accepted: sum(|t| t.draft_n_accepted),
         }
+    }
+}
+
+/// `n` things in `ms` milliseconds, per second (0 when no time passed).
+pub(crate) fn per_second(n: f64, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n * 1000.0 / ms
+    } else {
+        0.0
     }
 }
 

@@ -285,14 +285,11 @@ async fn start(
         stream_choices(choices, cancel, framers, openings).await
     } else {
         let answer = async move {
-            tokio::select! {
+            let outs = tokio::select! {
                 biased;
                 _ = wait_cancelled(cancel) => Err(crate::engine::EngineError::ShuttingDown.into()),
                 r = collect_all(choices, echo) => r,
-            }
-        };
-        let answer = async move {
-            let outs = answer.await?;
+            }?;
             Ok(respond(
                 outs, shape, id, object, created, model_id, logprobs, tools,
             ))

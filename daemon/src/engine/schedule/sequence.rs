@@ -13,8 +13,8 @@ use crate::engine::backend::logprobs::TokenLogprobs;
 use crate::engine::backend::seam::Vocab;
 use crate::engine::embed::Pooling;
 use crate::engine::types::{
-    EngineError, Event, FinishReason, GenerationRequest, PromptTokensDetails, SamplingParams,
-    Timings, TokenLogprob, Usage,
+    per_second, EngineError, Event, FinishReason, GenerationRequest, PromptTokensDetails,
+    SamplingParams, Timings, TokenLogprob, Usage,
 };
 use crate::metrics::Metrics;
 
@@ -75,7 +75,7 @@ pub struct Sequence {
     /// this one feeds nothing until it can reuse them.
     pub awaiting: Option<(usize, usize)>,
     /// A later choice of a request with `n` > 1: it waits for the prompt the choice
-    /// before it computes, however short.
+    /// before it computes, for any prefix worth a copy.
     pub sibling: bool,
     generated: u32,
     received_at: Instant,
@@ -391,14 +391,6 @@ pub fn send_or_log(events: &UnboundedSender<Event>, event: Event) {
 
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn per_second(n: f64, ms: f64) -> f64 {
-    if ms > 0.0 {
-        n * 1000.0 / ms
-    } else {
-        0.0
-    }
 }
 
 /// A verification's tokens: the token sampled last, then `draft` up to an end-of-generation

@@ -128,8 +128,7 @@ impl<J: Waiter> State<J> {
                 jobs,
             ));
         }
-        for (i, job) in jobs.into_iter().enumerate() {
-            let group = if i == 0 { size } else { 0 };
+        for (group, job) in group_marks(size).zip(jobs) {
             self.queue.push_back(Queued {
                 job,
                 since: now,
@@ -147,10 +146,7 @@ impl<J: Waiter> State<J> {
         let mut cells = self.kv_reserved();
         let mut n = 0;
         let queued = self.queue.iter().map(|q| (q.group, &q.job));
-        let next = next.iter().enumerate().map(|(i, j)| {
-            let group = if i == 0 { next.len() } else { 0 };
-            (group, j)
-        });
+        let next = group_marks(next.len()).zip(next);
         let jobs: Vec<(usize, &J)> = queued.chain(next).collect();
         let mut i = 0;
         while i < jobs.len() {
@@ -215,17 +211,16 @@ impl<J: Waiter> State<J> {
                 self.departed += 1;
                 continue;
             }
-            // A group's first job starts only with room for the whole group; the rest
-            // (`group` 0) then follow it at once, into the room it was judged by.
-            if front.group > 1 {
+            // A group's first job (a job alone is a group of one) starts only with room for
+            // the whole group; the rest (`group` 0) then follow it at once, into the room it
+            // was judged by.
+            if front.group > 0 {
                 let members = self.queue.iter().take(front.group);
                 let need: u64 = members.map(|q| q.job.kv_cells()).sum();
                 let free = self.max_active.saturating_sub(self.active());
                 if free < front.group || !self.kv_fits(need) {
                     return None;
                 }
-            } else if front.group == 1 && !self.kv_fits(front.job.kv_cells()) {
-                return None;
             }
             let q = self.queue.pop_front()?;
             let free: Vec<usize> = (0..self.busy.len()).filter(|&i| !self.busy[i]).collect();
@@ -272,6 +267,11 @@ impl<J: Waiter> State<J> {
         }
         self.busy.iter().position(|b| !*b)
     }
+}
+
+/// [`Queued::group`] for each job of a group of `size`: the size on the first, 0 after.
+fn group_marks(size: usize) -> impl Iterator<Item = usize> {
+    std::iter::once(size).chain(std::iter::repeat(0)).take(size)
 }
 
 /// A job that got a slot, and how long it waited for it.
