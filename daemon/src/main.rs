@@ -254,7 +254,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let shutdown = async move { signals.stop_requested().await };
-    match runtime.block_on(inferloopd::server::run(config, boot, shutdown)) {
+    let served = runtime.block_on(inferloopd::server::run(config, boot, shutdown));
+    // A stop during the model load leaves the loader's thread running; dropping the runtime
+    // would wait for it (minutes, for a large model on slow storage).
+    runtime.shutdown_background();
+    match served {
         Ok(()) => ExitCode::Clean,
         Err(e) => {
             let code = e.exit_code();

@@ -54,8 +54,9 @@ pub struct EnginePlan {
     pub spec_gate: SpecGate,
     #[serde(skip)]
     pub queue_timeout: Duration,
-    /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
-    /// loop blocks, so its heartbeat goes stale (the VM's systemd watchdog test).
+    /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the model
+    /// load and the decode loop block: the heartbeat goes stale (the VM's systemd watchdog
+    /// test), and a load takes as long as a test needs to signal the daemon meanwhile.
     #[serde(skip)]
     pub debug_stall_file: Option<PathBuf>,
 }
@@ -108,6 +109,21 @@ impl PlanSpec {
 const MAX_SEQUENCES: usize = 256;
 
 impl EnginePlan {
+    /// Blocks while the plan's `debug_stall_file` exists (see the field); `what` names the
+    /// blocked stage in the log.
+    pub fn debug_stall(&self, what: &str) {
+        let Some(path) = &self.debug_stall_file else {
+            return;
+        };
+        if path.exists() {
+            tracing::warn!(path = %path.display(), "debug stall file present: {what} blocked");
+            while path.exists() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            tracing::warn!("debug stall file gone: {what} resumes");
+        }
+    }
+
     /// The plan of a validated config.
     pub fn from_config(config: &ServeConfig) -> Result<Self, ConfigError> {
         Self::new(PlanSpec {

@@ -85,6 +85,13 @@ impl Daemon {
         Ok(daemon)
     }
 
+    /// Starts a daemon and waits only until it listens (it may still be loading).
+    pub fn start_listening_with_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let mut daemon = spawn(args, env).unwrap_or_else(|e| panic!("{e}"));
+        daemon.addr = daemon.wait_for_address().unwrap_or_else(|e| panic!("{e}"));
+        daemon
+    }
+
     /// Runs the daemon with `args` and expects it to exit on its own within `timeout`;
     /// returns the exit status and everything it logged.
     pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {

@@ -350,3 +350,48 @@ fn sigterm_with_half_sent_requests_exits_within_the_shutdown_timeout() {
     );
     drop((half_head, short_body));
 }
+
+/// SIGTERM while the model loads stops the daemon at once. The load was a blocking task of
+/// the async runtime, and dropping the runtime waited for it: a stop during a long load (a
+/// large model on slow storage, a template that had to run out of fuel) waited for the
+/// whole load. The stall file holds the load for as long as the test needs.
+#[test]
+fn sigterm_while_the_model_loads_exits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stall = dir.path().join("stall");
+    std::fs::write(&stall, b"").expect("stall file");
+    let mut d = Daemon::start_listening_with_env(
+        &["--slots", "1", "--ctx", "256"],
+        &[("INFERLOOP_DEBUG_STALL_FILE", stall.to_str().expect("utf8"))],
+    );
+    let blocked = Instant::now() + Duration::from_secs(30);
+    while !d.log().contains("model load blocked") {
+        assert!(Instant::now() < blocked, "{}", d.log_tail());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        crate::harness::raw_get_status(d.addr(), "/readyz"),
+        Some(503),
+        "not ready while loading"
+    );
+    let t0 = Instant::now();
+    d.sigterm();
+    let status = d.wait_exit(Duration::from_secs(10));
+    let took = t0.elapsed();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit {status:?} after {took:?}\n{}",
+        d.log_tail()
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after SIGTERM during the load\n{}",
+        d.log_tail()
+    );
+    assert!(
+        d.log().contains("shutdown requested while loading"),
+        "{}",
+        d.log_tail()
+    );
+}

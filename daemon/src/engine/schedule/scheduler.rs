@@ -113,7 +113,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 
     pub(super) fn run_loop(&mut self, rx: &Receiver<Command>) {
         loop {
-            self.debug_stall();
+            self.plan.debug_stall("decode loop");
             if self.state.active() == 0 {
                 // Nothing to decode: save an idle slot's prefix to the prompt cache's tiers
                 // (one per turn, so a new request waits for one save at most), else wait
@@ -178,20 +178,6 @@ impl<'v, B: Backend> Scheduler<'v, B> {
     pub(super) fn save_all_and_flush(&mut self) {
         while self.save_idle() {}
         self.store.flush();
-    }
-
-    /// Blocks while the plan's `debug_stall_file` exists (see [`EnginePlan`]).
-    fn debug_stall(&self) {
-        let Some(path) = &self.plan.debug_stall_file else {
-            return;
-        };
-        if path.exists() {
-            tracing::warn!(path = %path.display(), "debug stall file present: decode loop blocked");
-            while path.exists() {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            tracing::warn!("debug stall file gone: decode loop resumes");
-        }
     }
 
     /// Returns false when the loop must stop.
