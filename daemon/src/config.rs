@@ -92,6 +92,10 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     pub max_body_bytes: usize,
     pub read_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// Most connections open at once (see [`crate::http::limits`]).
+    pub max_connections: usize,
     pub thermal: ThermalSettings,
     /// `INFERLOOP_DEBUG_STALL_FILE` (see [`ServeLayer::debug_stall_file`]).
     pub debug_stall_file: Option<PathBuf>,
@@ -242,6 +246,12 @@ impl ServeConfig {
             "read_timeout_secs",
             Duration::from_secs(l.read_timeout_secs.unwrap_or(30).max(1)),
         )?;
+        let idle_timeout = wait(
+            "idle_timeout_secs",
+            Duration::from_secs(l.idle_timeout_secs.unwrap_or(60).max(1)),
+        )?;
+        let max_connections = crate::http::limits::max_connections(l.max_connections)
+            .map_err(|message| invalid("max_connections", &message))?;
         Ok(Self {
             model,
             model_id,
@@ -276,6 +286,8 @@ impl ServeConfig {
             shutdown_timeout,
             max_body_bytes,
             read_timeout,
+            idle_timeout,
+            max_connections,
             thermal,
             debug_stall_file: l.debug_stall_file,
         })

@@ -457,6 +457,10 @@ fn print(text: &str) -> Printed {
 }
 
 fn resolve(args: ServeArgs) -> anyhow::Result<ServeConfig> {
+    // Before the config: the default connection cap follows the limit in force.
+    if let Err(e) = inferloopd::http::limits::raise_fd_limit() {
+        tracing::warn!("cannot read or raise the open-file limit: {e}");
+    }
     let file = args
         .config
         .as_deref()

@@ -97,7 +97,12 @@ pub async fn run(
     let server = tokio::spawn(http::serve(
         listener,
         app,
-        config.read_timeout,
+        http::ConnPolicy {
+            read_timeout: config.read_timeout,
+            idle_timeout: config.idle_timeout,
+            max_connections: config.max_connections,
+        },
+        metrics.connections.clone(),
         async move {
             // An error means the sender is gone, which also means stop.
             let _ = stop_rx.wait_for(|stop| *stop).await;

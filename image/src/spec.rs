@@ -43,6 +43,8 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "queue_timeout_ms",
     "shutdown_timeout_secs",
     "max_body_bytes",
+    "idle_timeout_secs",
+    "max_connections",
     "read_timeout_secs",
     "manifest",
     "state_dir",

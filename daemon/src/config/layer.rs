@@ -78,9 +78,17 @@ pub struct ServeLayer {
     /// Largest accepted request body, in bytes.
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
-    /// Time allowed to receive request headers and body, in seconds.
+    /// Time allowed to receive request headers and body, in seconds, from a request's
+    /// first byte.
     #[arg(long)]
     pub read_timeout_secs: Option<u64>,
+    /// Time a keep-alive connection may wait for its next request's first byte, in seconds.
+    #[arg(long)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Most connections open at once. At the cap a new connection closes the oldest one
+    /// that holds no answer, or is refused with a 503 when every one holds an answer.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// Manifest pinning the weights' SHA-256 and size; mismatches refuse to start (exit 3).
     /// Default: /etc/inferloop/manifest.json when that file exists (what images bake in).
     #[arg(long)]

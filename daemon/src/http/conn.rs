@@ -20,6 +20,10 @@
 //!
 //! Once the response is finished, the EOF is passed on and hyper closes the connection.
 //!
+//! Each connection also tracks its [`Phase`] (idle, a head arriving, answering): the idle
+//! and header timeouts run from it, and at the connection cap only a connection that holds
+//! no answer may be closed to make room ([`super::limits`]).
+//!
 //! Closing a socket with unread request bytes makes the kernel send a RST, which can reach a
 //! client still writing its body before it reads the answer (a 413 sent on `Content-Length`
 //! alone): it sees a broken pipe instead of the 413. So a dropped connection lingers: its
@@ -46,8 +50,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::error::ApiError;
+use super::limits::{ConnTable, Ticket};
 
 /// How often a probing response writes a newline while the answer is being generated.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
@@ -73,6 +79,46 @@ struct ConnState {
     awaiting_response: AtomicBool,
     /// Becomes `true` once the peer's sending side closed (half or full, we cannot tell).
     read_closed: watch::Sender<bool>,
+    phase: watch::Sender<Phase>,
+    /// Becomes `true` when the connection cap closes this connection to make room.
+    evicted: watch::Sender<bool>,
+    /// Closed for a timeout or the cap: nothing is owed to the peer, so the socket is
+    /// closed at once instead of lingering (a flood must not hold fds for [`LINGER`]).
+    no_linger: AtomicBool,
+}
+
+/// Where a connection stands, for its timeouts and for eviction at the cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the next request's first byte, since then.
+    Idle(Instant),
+    /// A request's head is arriving, since its first byte.
+    Head(Instant),
+    /// A request was handed to the router and its response is not finished.
+    Busy,
+}
+
+/// Why a connection was closed before its peer closed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// A request's head (or, for a body, the handler's read) took longer than the read
+    /// timeout.
+    HeaderTimeout,
+    /// No request came within the idle timeout.
+    IdleTimeout,
+    /// The connection cap closed it to make room for a new one.
+    Evicted,
+}
+
+impl Expiry {
+    /// The `reason` label of `inferloop_connections_closed_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Expiry::HeaderTimeout => "header_timeout",
+            Expiry::IdleTimeout => "idle_timeout",
+            Expiry::Evicted => "evicted",
+        }
+    }
 }
 
 impl Peer {
@@ -93,25 +139,80 @@ impl Peer {
     pub fn answer_pending(&self) -> bool {
         self.0.awaiting_response.load(Ordering::Acquire)
     }
+
+    /// Holds no answer and is not being closed already: the cap may close it.
+    pub fn evictable(&self) -> bool {
+        !matches!(*self.0.phase.borrow(), Phase::Busy) && !*self.0.evicted.borrow()
+    }
+
+    /// Closes the connection to make room under the cap (see [`Peer::expired`]).
+    pub fn evict(&self) {
+        self.0.evicted.send_replace(true);
+    }
+
+    /// Resolves when the connection must be closed: idle past `idle`, a head arriving for
+    /// longer than `read`, or evicted. Never while a request is being answered.
+    pub async fn expired(&self, read: std::time::Duration, idle: std::time::Duration) -> Expiry {
+        let mut phase = self.0.phase.subscribe();
+        let mut evicted = self.0.evicted.subscribe();
+        let expiry = loop {
+            let now = *phase.borrow_and_update();
+            let deadline = match now {
+                Phase::Idle(since) => Some((since + idle, Expiry::IdleTimeout)),
+                Phase::Head(since) => Some((since + read, Expiry::HeaderTimeout)),
+                Phase::Busy => None,
+            };
+            let timer = async {
+                match deadline {
+                    Some((at, expiry)) => {
+                        tokio::time::sleep_until(at).await;
+                        expiry
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                // The senders live in `self`: neither wait can fail while it is held.
+                _ = evicted.wait_for(|e| *e) => break Expiry::Evicted,
+                _ = phase.changed() => continue,
+                expiry = timer => break expiry,
+            }
+        };
+        self.0.no_linger.store(true, Ordering::Release);
+        expiry
+    }
 }
 
-/// A new connection's socket, the service for its requests, and its [`Peer`].
-pub fn accept(stream: TcpStream, app: Router) -> (PeerIo, Service, Peer) {
+/// A new connection's socket, the service for its requests, and its [`Peer`]; the stream
+/// back when `table` is at its cap and no open connection can make room.
+pub fn accept(
+    stream: TcpStream,
+    app: Router,
+    table: &Arc<ConnTable>,
+) -> Result<(PeerIo, Service, Peer), TcpStream> {
     let state = Arc::new(ConnState {
         awaiting_response: AtomicBool::new(false),
         read_closed: watch::channel(false).0,
+        phase: watch::channel(Phase::Idle(Instant::now())).0,
+        evicted: watch::channel(false).0,
+        no_linger: AtomicBool::new(false),
     });
-    (
+    let peer = Peer(state.clone());
+    let Some(ticket) = table.admit(&peer) else {
+        return Err(stream);
+    };
+    Ok((
         PeerIo {
             inner: Some(stream),
             state: state.clone(),
+            ticket: Some(ticket),
         },
         Service {
             app: TowerToHyperService::new(app),
-            state: state.clone(),
+            state,
         },
-        Peer(state),
-    )
+        peer,
+    ))
 }
 
 /// The socket as hyper sees it: reads and writes pass through, except a read-EOF while a
@@ -120,6 +221,8 @@ pub struct PeerIo {
     /// `None` only once dropped, when the socket moves to [`linger`].
     inner: Option<TcpStream>,
     state: Arc<ConnState>,
+    /// The connection's place under the cap; it goes with the socket until it is closed.
+    ticket: Option<Ticket>,
 }
 
 impl PeerIo {
@@ -133,17 +236,22 @@ impl PeerIo {
 
 impl Drop for PeerIo {
     fn drop(&mut self) {
+        if self.state.no_linger.load(Ordering::Acquire) {
+            return;
+        }
         if let (Some(stream), Ok(runtime)) =
             (self.inner.take(), tokio::runtime::Handle::try_current())
         {
-            runtime.spawn(linger(stream));
+            runtime.spawn(linger(stream, self.ticket.take()));
         }
     }
 }
 
 /// Shuts the sending side and discards what the peer still sends, so that closing never
-/// resets a connection whose answer the peer has not read yet.
-async fn linger(mut stream: TcpStream) {
+/// resets a connection whose answer the peer has not read yet. The socket keeps its
+/// `ticket` (its place under the cap) until it is closed.
+async fn linger(mut stream: TcpStream, ticket: Option<Ticket>) {
+    let _ticket = ticket;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // hyper may have shut it already; the draining below matters either way.
     let _ = stream.shutdown().await;
@@ -169,6 +277,16 @@ impl AsyncRead for PeerIo {
         let before = buf.filled().len();
         ready!(self.socket()?.poll_read(cx, buf))?;
         let eof = buf.filled().len() == before && buf.remaining() > 0;
+        if !eof {
+            // The first byte of a request ends the idle wait and starts the header timeout.
+            self.state.phase.send_if_modified(|p| match p {
+                Phase::Idle(_) => {
+                    *p = Phase::Head(Instant::now());
+                    true
+                }
+                _ => false,
+            });
+        }
         if eof && self.state.awaiting_response.load(Ordering::Acquire) {
             self.state.read_closed.send_replace(true);
             // No read wake-up is registered (EOF stays readable); hyper's task is woken by
@@ -232,6 +350,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Service {
         // the body's end to start holding the EOF back would race. A body cut short by a
         // real close then ends in the handler's read timeout instead of at once.
         state.awaiting_response.store(true, Ordering::Release);
+        state.phase.send_replace(Phase::Busy);
         let req: Request = req.map(|inner| {
             Body::new(Received {
                 inner,
@@ -285,6 +404,7 @@ struct Answered {
 impl Drop for Answered {
     fn drop(&mut self) {
         self.state.awaiting_response.store(false, Ordering::Release);
+        self.state.phase.send_replace(Phase::Idle(Instant::now()));
     }
 }
 

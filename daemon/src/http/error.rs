@@ -205,6 +205,19 @@ impl ApiError {
         .retry_after(1)
     }
 
+    pub fn too_many_connections(max: usize) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!(
+                "The server holds its maximum of {max} open connections, each answering a \
+                 request; retry shortly"
+            ),
+        )
+        .code("too_many_connections")
+        .retry_after(1)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message).code("internal_error")
     }

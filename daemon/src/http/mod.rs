@@ -6,6 +6,7 @@ mod cors;
 pub mod embeddings;
 pub mod error;
 mod generate;
+pub mod limits;
 mod page;
 pub mod responses;
 mod routes;
@@ -241,14 +242,26 @@ impl Closer {
     }
 }
 
+/// How long connections may take and how many may be open.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnPolicy {
+    /// From a request's first byte to its whole head.
+    pub read_timeout: Duration,
+    /// From the end of an answer (or the accept) to the next request's first byte.
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
 /// Accepts connections until `shutdown` resolves, then stops accepting and returns the open
 /// connections.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
-    read_timeout: Duration,
+    policy: ConnPolicy,
+    series: Arc<crate::metrics::ConnectionSeries>,
     shutdown: impl Future<Output = ()>,
 ) -> Connections {
+    let table = limits::ConnTable::new(policy.max_connections, series.clone());
     let graceful = GracefulShutdown::new();
     // A connection can hold nothing anyone waits for (half a request, a body that never
     // comes): at the drain deadline it is dropped rather than waited for.
@@ -266,18 +279,33 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let (io, service, peer_state) = conn::accept(stream, app.clone());
+                let (io, service, peer_state) = match conn::accept(stream, app.clone(), &table) {
+                    Ok(admitted) => admitted,
+                    Err(stream) => {
+                        tracing::debug!(%peer, max = table.max(), "connection refused at the cap");
+                        tokio::spawn(limits::refuse(stream, table.max()));
+                        continue;
+                    }
+                };
+                // The header and idle timeouts run from the connection's phase
+                // (`Peer::expired`), so that each is separate and counted; hyper's own
+                // header timer would also cut idle keep-alive connections.
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(read_timeout)
+                    .header_read_timeout(None)
                     .serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
                 let mut closed = closed.clone();
+                let series = series.clone();
                 tokio::spawn(async move {
                     tokio::select! {
                         r = conn => if let Err(e) = r {
                             tracing::debug!(%peer, error = %e, "connection ended with error");
                         },
+                        expiry = peer_state.expired(policy.read_timeout, policy.idle_timeout) => {
+                            tracing::debug!(%peer, reason = expiry.label(), "connection closed");
+                            series.closed(expiry.label());
+                        }
                         _ = closed.wait_for(|c| match c {
                             Close::None => false,
                             Close::Unanswered => !peer_state.answer_pending(),

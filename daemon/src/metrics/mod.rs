@@ -167,6 +167,36 @@ impl Collector for Sources {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CloseLabels {
+    reason: &'static str,
+}
+
+/// The HTTP connections: open, the cap, admitted, refused at the cap, and closed by the
+/// daemon (a timeout, or to make room under the cap).
+#[derive(Debug, Default)]
+pub struct ConnectionSeries {
+    pub open: Gauge,
+    pub max: Gauge,
+    pub accepted: Counter,
+    pub refused: Counter,
+    closed: Family<CloseLabels, Counter>,
+}
+
+impl ConnectionSeries {
+    /// Every reason is exported at zero from the start, so a scrape tells "none" from "not
+    /// counted".
+    const REASONS: [&'static str; 3] = ["header_timeout", "idle_timeout", "evicted"];
+
+    pub fn closed(&self, reason: &'static str) {
+        self.closed.get_or_create(&CloseLabels { reason }).inc();
+    }
+
+    pub fn closed_count(&self, reason: &'static str) -> u64 {
+        self.closed.get_or_create(&CloseLabels { reason }).get()
+    }
+}
+
 /// Every series the daemon exports.
 pub struct Metrics {
     registry: Registry,
@@ -187,6 +217,7 @@ pub struct Metrics {
     pub spec_drafted_tokens_total: Counter,
     pub spec_accepted_tokens_total: Counter,
     pub prompt_cache: PromptCacheSeries,
+    pub connections: Arc<ConnectionSeries>,
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
@@ -210,6 +241,7 @@ impl Default for Metrics {
             spec_drafted_tokens_total: Counter::default(),
             spec_accepted_tokens_total: Counter::default(),
             prompt_cache: PromptCacheSeries::default(),
+            connections: Arc::default(),
             ttft_seconds: Histogram::new(LATENCY_BUCKETS.iter().copied()),
             inter_token_seconds: Histogram::new(TOKEN_BUCKETS.iter().copied()),
             request_seconds: Histogram::new(REQUEST_BUCKETS.iter().copied()),
@@ -324,6 +356,35 @@ impl Metrics {
             "inferloop_prompt_cache_entries",
             "Entries a tier holds",
             pc.entries.clone(),
+        );
+        let conns = &self.connections;
+        for reason in ConnectionSeries::REASONS {
+            drop(conns.closed.get_or_create(&CloseLabels { reason }));
+        }
+        r.register(
+            "inferloop_connections_open",
+            "HTTP connections open now, lingering ones included",
+            conns.open.clone(),
+        );
+        r.register(
+            "inferloop_connections_max",
+            "The cap on open HTTP connections (--max-connections)",
+            conns.max.clone(),
+        );
+        r.register(
+            "inferloop_connections_accepted",
+            "HTTP connections admitted",
+            conns.accepted.clone(),
+        );
+        r.register(
+            "inferloop_connections_refused",
+            "HTTP connections refused with a 503 at the cap, every open one answering a request",
+            conns.refused.clone(),
+        );
+        r.register(
+            "inferloop_connections_closed",
+            "HTTP connections the daemon closed, by reason (header_timeout, idle_timeout, evicted to make room at the cap)",
+            conns.closed.clone(),
         );
         r.register(
             "inferloop_ttft_seconds",

@@ -137,6 +137,10 @@ impl Daemon {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn sigterm(&self) {
         self.signal(libc::SIGTERM)
             .unwrap_or_else(|e| panic!("cannot send SIGTERM to the daemon: {e}"));

@@ -10,6 +10,7 @@ mod harness;
 mod api;
 mod chat;
 mod choices;
+mod connections;
 mod golden;
 mod input;
 mod kv_type;
