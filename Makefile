@@ -31,7 +31,7 @@ LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL
 
-.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix bench-prefix-restart bench-prefix-smoke bench-kv bench-speed kernels-check kernel-bench device-bundle fmt clippy clean venv
+.PHONY: help deps model model-q8 build run test pytest bench bench-peer bench-prefix bench-prefix-restart bench-prefix-smoke bench-kv bench-speed bench-flood kernels-check kernel-bench device-bundle fmt clippy clean venv
 
 help:
 	@echo "InferLoop make targets:"
@@ -49,6 +49,7 @@ help:
 	@echo "  bench-prefix  prompt reuse (shared prefixes, chats, a random-workload generator) vs llama-server's prompt cache -> bench/results/prefix.json"
 	@echo "  bench-prefix-restart  inferloopd's prompts warm after a restart (disk tier on, and off as the control) -> bench/results/prefix-restart.json"
 	@echo "  bench-prefix-smoke  bench/prefix.py's bands, tier table and restart run against a stand-in daemon (seconds, no model)"
+	@echo "  bench-flood  30,000 idle and trickling sockets against the default connection cap: the daemon's fds, RSS and a real request's TTFT before, during and after -> bench/results/flood.json"
 	@echo "  bench-kv  --kv-type f16/q8_0/q4_0: the largest slots x ctx one memory limit admits (boot check, then a real cgroup as root), golden KL against f16 KV -> bench/results/kv.json"
 	@echo "  bench-speed  speculative decoding (n-gram, draft model) and q8_0 KV: decode tok/s on grounded, code-edit and chat workloads vs llama-server's spec modes -> bench/results/speed.json"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
@@ -175,6 +176,10 @@ bench-prefix-restart: $(VENV)/.installed model build
 # (the daemon's boot check; as root, also served and refused in a real memory cgroup), and
 # golden's KL of q8_0 and q4_0 KV against f16 KV on bench/golden-prompts.txt. Minutes.
 # BENCH_ARGS="--limit-mb 2048 --slots 4", "--fill" (worst case in the cgroup), "--no-golden".
+# Tens of thousands of sockets (root raises the fd limits it needs); about a minute.
+bench-flood: model build
+	python3 bench/flood.py --daemon $(BIN) --model $(MODEL) $(BENCH_ARGS)
+
 bench-kv: model build
 	python3 bench/kv.py --daemon $(BIN) --model $(MODEL) $(BENCH_ARGS)
 

@@ -152,6 +152,7 @@ pub fn check_memory(
             draft.as_ref(),
             plan,
             selection,
+            config.max_connections,
             config.memory_margin,
             limits.clone(),
         )

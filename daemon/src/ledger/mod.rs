@@ -64,11 +64,12 @@ impl Ledger {
         self.terms.iter().map(|t| t.bytes).sum()
     }
 
-    /// Everything but the margin: the expected peak resident set.
+    /// Everything but the margin and the connections' reserve: the expected peak resident
+    /// set when serving (a flood of connections is what the reserve is for).
     pub fn expected_peak(&self) -> u64 {
         self.terms
             .iter()
-            .filter(|t| t.name != "margin")
+            .filter(|t| t.name != "margin" && t.name != "connections")
             .map(|t| t.bytes)
             .sum()
     }
@@ -109,17 +110,19 @@ pub struct SizedPlan {
 
 impl Decision {
     /// The ledger of `selection`'s backend for `plan` on this model (and its draft model's
-    /// lines, with one), against `limits`.
+    /// lines, with one), with room for `connections` open connections, against `limits`.
     pub fn new(
         shape: ModelShape,
         draft: Option<&ModelShape>,
         plan: &EnginePlan,
         selection: &Selection,
+        connections: usize,
         margin_bytes: Option<u64>,
         limits: Vec<Limit>,
     ) -> Self {
         let mut footprint = selection.footprint(&shape, plan);
         footprint.terms.extend(prompt_cache_term(&shape, plan));
+        footprint.terms.extend(connections_term(connections));
         if let Some(draft) = draft {
             footprint
                 .terms
@@ -227,6 +230,19 @@ impl Decision {
             },
         );
     }
+}
+
+/// The open connections' reserve: the cap times what one may hold.
+pub fn connections_term(connections: usize) -> Option<Term> {
+    use crate::http::limits::CONNECTION_BYTES;
+    (connections > 0).then(|| Term {
+        name: "connections",
+        bytes: connections as u64 * CONNECTION_BYTES,
+        detail: format!(
+            "up to {connections} open connections (--max-connections) x {} KiB (measured)",
+            CONNECTION_BYTES >> 10
+        ),
+    })
 }
 
 /// The prompt cache's host memory: the RAM tier's budget, plus the entries that may be in

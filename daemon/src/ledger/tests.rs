@@ -292,6 +292,7 @@ fn tightest_limit_decides_and_is_named() {
         None,
         &plan(4, 2048),
         &llama(),
+        0,
         None,
         vec![
             limit(LimitSource::MemAvailable, 20_000),
@@ -318,7 +319,7 @@ fn tightest_limit_decides_and_is_named() {
 
 #[test]
 fn no_limit_fits() {
-    let d = Decision::new(smollm2(), None, &plan(1, 1024), &llama(), None, vec![]);
+    let d = Decision::new(smollm2(), None, &plan(1, 1024), &llama(), 0, None, vec![]);
     assert!(d.fits);
     assert!(d.accounting().starts_with("reason=no-limit"));
 }
@@ -330,6 +331,7 @@ fn metrics_name_every_term_and_limit() {
         None,
         &plan(1, 1024),
         &llama(),
+        1024,
         None,
         vec![limit(LimitSource::CgroupV2, 4096)],
     );
@@ -341,6 +343,7 @@ fn metrics_name_every_term_and_limit() {
         "overhead",
         "constraint",
         "embeddings",
+        "connections",
         "margin",
         "total",
     ] {
@@ -371,6 +374,7 @@ fn native_terms_are_weights_kv_per_sequence_scratch_and_overhead() {
         None,
         &plan(2, 1000),
         &native(Device::Cpu),
+        0,
         None,
         vec![limit(LimitSource::CgroupV2, 100)],
     );
@@ -398,4 +402,25 @@ fn native_on_cuda_counts_the_gpu_copies_in_the_same_memory() {
     assert!(detail(&gpu, "weights").contains("GPU memory"));
     assert!(detail(&gpu, "kv").ends_with("in GPU memory"));
     assert!(!detail(&cpu, "kv").contains("GPU"));
+}
+
+/// The connection cap reserves memory for every connection it lets in: counted in what must
+/// fit, not in the peak a box serving its clients reaches.
+#[test]
+fn the_connection_cap_is_reserved_but_not_expected() {
+    let none = Decision::new(smollm2(), None, &plan(1, 1024), &llama(), 0, None, vec![]);
+    let cap = Decision::new(
+        smollm2(),
+        None,
+        &plan(1, 1024),
+        &llama(),
+        1024,
+        None,
+        vec![],
+    );
+    let reserve = 1024 * crate::http::limits::CONNECTION_BYTES;
+    assert_eq!(cap.ledger.term("connections"), reserve);
+    assert_eq!(none.ledger.term("connections"), 0);
+    assert_eq!(cap.expected_peak_bytes, none.expected_peak_bytes);
+    assert!(cap.required_bytes >= none.required_bytes + reserve);
 }

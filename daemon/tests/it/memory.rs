@@ -72,6 +72,7 @@ fn check_reads_the_real_gguf_header_without_loading_weights() {
         "constraint",
         "embeddings",
         "prompt_cache",
+        "connections",
         "margin",
     ]
     .iter()

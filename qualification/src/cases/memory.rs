@@ -25,6 +25,7 @@ const TERMS: &[&str] = &[
     "constraint",
     "embeddings",
     "prompt_cache",
+    "connections",
     "margin",
 ];
 /// The native backend's ledger: its forward pass's scratch in place of llama.cpp's compute
@@ -35,6 +36,7 @@ const NATIVE_TERMS: &[&str] = &[
     "scratch",
     "overhead",
     "prompt_cache",
+    "connections",
     "margin",
 ];
 
