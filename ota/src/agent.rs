@@ -31,8 +31,27 @@ const FULL_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Progress feedback during a download: at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
+/// Reads the time since this boot; a seam so that tests can move it.
+pub type SinceBoot = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+/// Time since this boot from `/proc/uptime` (CLOCK_BOOTTIME: monotonic, counts suspend,
+/// never stepped). The confirmation timeout runs on it: a box without an RTC boots in 1970
+/// and NTP steps its wall clock by decades, which would fail an update at once (or never)
+/// if the timeout ran on the wall clock.
+pub fn since_boot() -> Duration {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64)
+}
+
 pub struct Agent<I> {
     s: Settings,
+    since_boot: SinceBoot,
+    /// The pending action whose new slot this process first saw booted, and the time since
+    /// boot then: the confirmation timeout counts from it.
+    booted_seen: Option<(String, Duration)>,
     client: DdiClient,
     installer: I,
     state: StateFile,
@@ -85,6 +104,8 @@ impl<I: Installer + Sync> Agent<I> {
         let state = StateFile::new(s.state_file.clone());
         Ok(Self {
             s,
+            since_boot: Arc::new(since_boot),
+            booted_seen: None,
             client,
             installer,
             state,
@@ -94,6 +115,27 @@ impl<I: Installer + Sync> Agent<I> {
             deferred: None,
             last_full_check: None,
         })
+    }
+
+    /// Reads the time since boot from `f` instead of `/proc/uptime` (tests).
+    pub fn set_since_boot(&mut self, f: SinceBoot) {
+        self.since_boot = f;
+    }
+
+    /// `action` has waited for its confirmation longer than the timeout, counted on the
+    /// time since boot from when this process first saw its new slot booted. The state
+    /// file's `booted_at` (Unix seconds) is kept for people and older agents but decides
+    /// nothing; an agent restarted meanwhile counts again from its restart (it may wait
+    /// longer, never fail early).
+    fn confirm_overdue(&mut self, action: &str) -> bool {
+        let now = (self.since_boot)();
+        match &self.booted_seen {
+            Some((id, at)) if id == action => now.saturating_sub(*at) > self.s.confirm_timeout,
+            _ => {
+                self.booted_seen = Some((action.to_string(), now));
+                false
+            }
+        }
     }
 
     /// Runs until `shutdown` resolves.
@@ -270,9 +312,8 @@ impl<I: Installer + Sync> Agent<I> {
         let due = self
             .last_full_check
             .is_none_or(|t| t.elapsed() >= FULL_CHECK_EVERY);
-        let overdue = p
-            .booted_at
-            .is_some_and(|t| now().saturating_sub(t) > self.s.confirm_timeout.as_secs());
+        let overdue =
+            p.booted_at.is_some() && booted == p.to_bootname && self.confirm_overdue(&p.action_id);
         if !due && !overdue {
             if booted == p.from_bootname {
                 return Ok(());
@@ -329,27 +370,23 @@ impl<I: Installer + Sync> Agent<I> {
                     .close(state, &p.action_id, Finished::Success, details)
                     .await;
             }
-            let booted_at = match p.booted_at {
-                Some(t) => t,
-                None => {
-                    p.booted_at = Some(now());
-                    state.pending = Some(p.clone());
-                    self.state.save(state)?;
-                    tracing::info!(slot = %p.to_bootname, "booted the new slot; waiting for the health check");
-                    self.proceeding(Feedback::progress(
-                        &p.action_id,
-                        95,
-                        100,
-                        vec![format!(
-                            "booted {version} from slot {}; waiting for the health check",
-                            p.to_bootname
-                        )],
-                    ))
-                    .await;
-                    now()
-                }
-            };
-            if now().saturating_sub(booted_at) > self.s.confirm_timeout.as_secs() {
+            if p.booted_at.is_none() {
+                p.booted_at = Some(now());
+                state.pending = Some(p.clone());
+                self.state.save(state)?;
+                tracing::info!(slot = %p.to_bootname, "booted the new slot; waiting for the health check");
+                self.proceeding(Feedback::progress(
+                    &p.action_id,
+                    95,
+                    100,
+                    vec![format!(
+                        "booted {version} from slot {}; waiting for the health check",
+                        p.to_bootname
+                    )],
+                ))
+                .await;
+            }
+            if self.confirm_overdue(&p.action_id) {
                 let details = vec![format!(
                     "slot {} was not confirmed within {} s of booting (health check did not pass)",
                     p.to_bootname,

@@ -3,6 +3,7 @@
 //! the reboot. (The real RAUC and goosebit are in tests/fleet/test_fleet.py.)
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use inferloop_ota::agent::Agent;
@@ -302,4 +303,69 @@ async fn after_the_reboot_a_confirmed_slot_is_success_and_a_fallback_is_failure(
     let fb = t.fake.feedback();
     assert_eq!(executions(&fb), ["closed/failure"]);
     assert!(fb[0].to_string().contains("came back on slot A"), "{fb:?}");
+}
+
+/// The confirmation timeout runs on the time since boot, not the wall clock: a box that
+/// booted with no RTC and had its clock stepped by NTP (here: `booted_at` ten hours "ago"
+/// on the wall clock) keeps waiting for its health check, and fails the update only once
+/// the time since boot has moved past the timeout (600 s) from when the agent saw the slot
+/// booted.
+#[tokio::test]
+async fn a_stepped_wall_clock_does_not_fail_an_update_awaiting_its_health_check() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let mut t = setup(None, false).await;
+    t.fake.with(|s| s.base = Some(json!({"_links": {}})));
+    let uptime = Arc::new(AtomicU64::new(30));
+    let seen = uptime.clone();
+    t.agent.set_since_boot(Arc::new(move || {
+        Duration::from_secs(seen.load(Ordering::SeqCst))
+    }));
+    let wall_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let mut p = pending();
+    p.booted_at = Some(wall_now - 10 * 3600);
+    StateFile::new(t.dir.path().join("ota/state.json"))
+        .save(&State {
+            pending: Some(p),
+            closed: None,
+        })
+        .expect("save");
+    t.rauc.with(|r| {
+        r.primary = "rootfs.1".into();
+        r.booted = "B".into();
+    });
+    // Booted B, no health mark yet, 30 s after boot: still waiting.
+    t.agent.step().await;
+    assert!(
+        executions(&t.fake.feedback())
+            .iter()
+            .all(|e| !e.starts_with("closed")),
+        "{:?}",
+        t.fake.feedback()
+    );
+    // 500 s on: still within the timeout.
+    uptime.store(530, Ordering::SeqCst);
+    t.agent.step().await;
+    assert!(
+        executions(&t.fake.feedback())
+            .iter()
+            .all(|e| !e.starts_with("closed")),
+        "{:?}",
+        t.fake.feedback()
+    );
+    // Past it: the update failed.
+    uptime.store(700, Ordering::SeqCst);
+    t.agent.step().await;
+    let fb = t.fake.feedback();
+    assert!(
+        executions(&fb).iter().any(|e| e == "closed/failure"),
+        "{fb:?}"
+    );
+    assert!(
+        fb.iter()
+            .any(|f| f.to_string().contains("not confirmed within")),
+        "{fb:?}"
+    );
 }
