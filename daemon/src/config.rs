@@ -96,9 +96,18 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Most connections open at once (see [`crate::http::limits`]).
     pub max_connections: usize,
+    /// HTTPS: the PEM certificate chain and its key (see [`crate::http::tls`]).
+    pub tls: Option<TlsFiles>,
     pub thermal: ThermalSettings,
     /// `INFERLOOP_DEBUG_STALL_FILE` (see [`ServeLayer::debug_stall_file`]).
     pub debug_stall_file: Option<PathBuf>,
+}
+
+/// The PEM files HTTPS is served with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl ServeConfig {
@@ -252,6 +261,12 @@ impl ServeConfig {
         )?;
         let max_connections = crate::http::limits::max_connections(l.max_connections)
             .map_err(|message| invalid("max_connections", &message))?;
+        let tls = match (l.tls_cert, l.tls_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (Some(_), None) => return Err(invalid("tls_key", "is needed with tls_cert")),
+            (None, Some(_)) => return Err(invalid("tls_cert", "is needed with tls_key")),
+        };
         Ok(Self {
             model,
             model_id,
@@ -288,6 +303,7 @@ impl ServeConfig {
             read_timeout,
             idle_timeout,
             max_connections,
+            tls,
             thermal,
             debug_stall_file: l.debug_stall_file,
         })

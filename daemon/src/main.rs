@@ -226,6 +226,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    // SIGHUP bumps it; the server reloads what it can (a SIGHUP during the gates, once up).
+    let (reload_tx, reload_rx) = tokio::sync::watch::channel(0u64);
     // The gates block (hashing gigabytes); a stop signal meanwhile exits at once, without
     // waiting for the hash (`shutdown_background` leaves that thread to the exit).
     let gates = runtime.block_on(async {
@@ -233,7 +235,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         let gates = tokio::task::spawn_blocking(move || inferloopd::boot::run_gates(&config));
         tokio::select! {
             passed = gates => Some(passed),
-            () = signals.stop_requested() => None,
+            () = signals.stop_requested(&reload_tx) => None,
         }
     });
     let boot = match gates {
@@ -253,8 +255,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Clean;
         }
     };
-    let shutdown = async move { signals.stop_requested().await };
-    let served = runtime.block_on(inferloopd::server::run(config, boot, shutdown));
+    let shutdown = async move { signals.stop_requested(&reload_tx).await };
+    let served = runtime.block_on(inferloopd::server::run(config, boot, shutdown, reload_rx));
     // A stop during the model load leaves the loader's thread running; dropping the runtime
     // would wait for it (minutes, for a large model on slow storage).
     runtime.shutdown_background();
@@ -493,15 +495,18 @@ impl Signals {
     }
 
     /// Resolves on SIGTERM, SIGINT or SIGQUIT: all three drain gracefully. SIGHUP asks a
-    /// daemon to reload; nothing here can be reloaded safely while serving (the model, the
-    /// ledger and the bind address are fixed at start), so it is logged and serving goes on.
-    async fn stop_requested(&mut self) {
+    /// daemon to reload: the TLS certificate and key are read again (`reload` is bumped);
+    /// nothing else can be reloaded safely while serving (the model, the ledger and the
+    /// bind address are fixed at start), and serving goes on.
+    async fn stop_requested(&mut self, reload: &tokio::sync::watch::Sender<u64>) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return tracing::info!("SIGTERM received"),
                 _ = self.int.recv() => return tracing::info!("SIGINT received"),
                 _ = self.quit.recv() => return tracing::info!("SIGQUIT received"),
-                _ = self.hup.recv() => tracing::info!("SIGHUP: nothing to reload, still serving"),
+                _ = self.hup.recv() => {
+                    reload.send_modify(|n| *n += 1);
+                }
             }
         }
     }

@@ -40,12 +40,14 @@ pub enum ServeError {
     Thermal(#[from] WatchError),
     #[error("model loader task failed: {0}")]
     Loader(String),
+    #[error(transparent)]
+    Tls(#[from] crate::http::tls::TlsError),
 }
 
 impl ServeError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Bind { .. } => ExitCode::Usage,
+            Self::Bind { .. } | Self::Tls(_) => ExitCode::Usage,
             Self::Thermal(e) => e.exit_code(),
             Self::Engine(_) | Self::Loader(_) => ExitCode::ModelLoad,
         }
@@ -57,8 +59,30 @@ pub async fn run(
     config: ServeConfig,
     boot: Passed,
     shutdown: impl Future<Output = ()>,
+    mut reload: watch::Receiver<u64>,
 ) -> Result<(), ServeError> {
     let started = Instant::now();
+    // Before bind, like every other setting: a certificate that cannot be read is a usage
+    // error, not a server that refuses every handshake.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|f| crate::http::tls::Tls::load(&f.cert, &f.key))
+        .transpose()?;
+    tokio::spawn({
+        let tls = tls.clone();
+        async move {
+            while reload.changed().await.is_ok() {
+                match &tls {
+                    None => tracing::info!("SIGHUP: nothing to reload, still serving"),
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                        Err(e) => tracing::error!("SIGHUP: {e}; serving the previous pair"),
+                    },
+                }
+            }
+        }
+    });
     // Before bind: an unknown `--board` or an unreadable `--sysfs-root` is a usage error
     // that must stop the daemon before anyone can connect.
     let thermal = Arc::new(ThermalWatch::start(&config.thermal).await?);
@@ -67,7 +91,14 @@ pub async fn run(
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
-    tracing::info!("listening on http://{bound}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!("listening on {scheme}://{bound}");
+    if tls.is_none() && config.api_key.is_some() && !config.host.is_loopback() {
+        tracing::warn!(
+            "serving plain HTTP on {bound} with an API key: anyone on the network can read \
+             the key off the wire; serve HTTPS with --tls-cert and --tls-key"
+        );
+    }
 
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
@@ -98,6 +129,7 @@ pub async fn run(
         listener,
         app,
         http::ConnPolicy {
+            tls,
             read_timeout: config.read_timeout,
             idle_timeout: config.idle_timeout,
             max_connections: config.max_connections,

@@ -82,6 +82,12 @@ pub struct ServeLayer {
     /// first byte.
     #[arg(long)]
     pub read_timeout_secs: Option<u64>,
+    /// Serve HTTPS with this PEM certificate chain (with `--tls-key`); read again on SIGHUP.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// Time a keep-alive connection may wait for its next request's first byte, in seconds.
     #[arg(long)]
     pub idle_timeout_secs: Option<u64>,

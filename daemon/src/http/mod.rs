@@ -11,6 +11,7 @@ mod page;
 pub mod responses;
 mod routes;
 mod sse;
+pub mod tls;
 mod tokens;
 pub mod validate;
 pub mod wire;
@@ -242,9 +243,10 @@ impl Closer {
     }
 }
 
-/// How long connections may take and how many may be open.
-#[derive(Debug, Clone, Copy)]
+/// How long connections may take, how many may be open, and whether they speak TLS.
+#[derive(Clone)]
 pub struct ConnPolicy {
+    pub tls: Option<Arc<tls::Tls>>,
     /// From a request's first byte to its whole head.
     pub read_timeout: Duration,
     /// From the end of an answer (or the accept) to the next request's first byte.
@@ -262,6 +264,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Connections {
     let table = limits::ConnTable::new(policy.max_connections, series.clone());
+    let (read_timeout, idle_timeout) = (policy.read_timeout, policy.idle_timeout);
     let graceful = GracefulShutdown::new();
     // A connection can hold nothing anyone waits for (half a request, a body that never
     // comes): at the drain deadline it is dropped rather than waited for.
@@ -287,22 +290,39 @@ pub async fn serve(
                         continue;
                     }
                 };
-                // The header and idle timeouts run from the connection's phase
-                // (`Peer::expired`), so that each is separate and counted; hyper's own
-                // header timer would also cut idle keep-alive connections.
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(None)
-                    .serve_connection(TokioIo::new(io), service);
-                let conn = graceful.watch(conn);
+                // Watched from the accept: a drain waits for handshakes too.
+                let watcher = graceful.watcher();
                 let mut closed = closed.clone();
                 let series = series.clone();
+                let tls = policy.tls.clone();
                 tokio::spawn(async move {
-                    tokio::select! {
-                        r = conn => if let Err(e) = r {
+                    let serve = async {
+                        let io = match &tls {
+                            None => tls::ServeIo::Plain(io),
+                            Some(tls) => match tls.acceptor().accept(io).await {
+                                Ok(stream) => tls::ServeIo::Tls(Box::new(stream)),
+                                Err(e) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    series.closed("tls_handshake");
+                                    return;
+                                }
+                            },
+                        };
+                        // The header and idle timeouts run from the connection's phase
+                        // (`Peer::expired`), so that each is separate and counted (the TLS
+                        // handshake included); hyper's own header timer would also cut idle
+                        // keep-alive connections.
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(None)
+                            .serve_connection(TokioIo::new(io), service);
+                        if let Err(e) = watcher.watch(conn).await {
                             tracing::debug!(%peer, error = %e, "connection ended with error");
-                        },
-                        expiry = peer_state.expired(policy.read_timeout, policy.idle_timeout) => {
+                        }
+                    };
+                    tokio::select! {
+                        () = serve => {},
+                        expiry = peer_state.expired(read_timeout, idle_timeout) => {
                             tracing::debug!(%peer, reason = expiry.label(), "connection closed");
                             series.closed(expiry.label());
                         }

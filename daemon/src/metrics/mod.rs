@@ -186,7 +186,8 @@ pub struct ConnectionSeries {
 impl ConnectionSeries {
     /// Every reason is exported at zero from the start, so a scrape tells "none" from "not
     /// counted".
-    const REASONS: [&'static str; 3] = ["header_timeout", "idle_timeout", "evicted"];
+    const REASONS: [&'static str; 4] =
+        ["header_timeout", "idle_timeout", "evicted", "tls_handshake"];
 
     pub fn closed(&self, reason: &'static str) {
         self.closed.get_or_create(&CloseLabels { reason }).inc();
@@ -383,7 +384,7 @@ impl Metrics {
         );
         r.register(
             "inferloop_connections_closed",
-            "HTTP connections the daemon closed, by reason (header_timeout, idle_timeout, evicted to make room at the cap)",
+            "HTTP connections the daemon closed, by reason (header_timeout, idle_timeout, evicted to make room at the cap, tls_handshake failed)",
             conns.closed.clone(),
         );
         r.register(

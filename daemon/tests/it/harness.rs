@@ -424,7 +424,10 @@ fn spawn(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
 /// The address from the daemon's `listening on http://ADDR` line; a wildcard bind is
 /// reached through loopback.
 fn listening_address(log: &str) -> Option<SocketAddr> {
-    let rest = log.split("listening on http://").nth(1)?;
+    let rest = log
+        .split("listening on http://")
+        .nth(1)
+        .or_else(|| log.split("listening on https://").nth(1))?;
     let token = rest.split_whitespace().next()?;
     let mut addr: SocketAddr = token.parse().ok()?;
     if addr.ip().is_unspecified() {

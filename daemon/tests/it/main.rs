@@ -29,4 +29,5 @@ mod structured;
 mod template;
 mod thermal;
 mod tiers;
+mod tls;
 mod tool_forms;
