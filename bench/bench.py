@@ -42,7 +42,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPT = "Write a long story about a robot."
-LISTEN_RE = re.compile(r"listening on (http://[A-Za-z0-9._\-:\[\]]+)")
+LISTEN_RE = re.compile(r"listening on (https?://[A-Za-z0-9._\-:\[\]]+)")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 REQUEST_NO = itertools.count(1)
 

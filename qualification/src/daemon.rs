@@ -432,7 +432,11 @@ impl Drop for Daemon {
 /// The address of the daemon's `listening on http://ADDR` line; a wildcard bind is reached
 /// through loopback.
 pub fn listening_address(log: &str) -> Option<Endpoint> {
-    let rest = log.split("listening on http://").nth(1)?;
+    // An HTTPS daemon's line says https://; the address is the same.
+    let rest = log
+        .split("listening on http://")
+        .nth(1)
+        .or_else(|| log.split("listening on https://").nth(1))?;
     let token = rest.split_whitespace().next()?;
     let mut addr: std::net::SocketAddr = token.parse().ok()?;
     if addr.ip().is_unspecified() {

@@ -1,25 +1,143 @@
-//! A small blocking HTTP/1.1 client over `TcpStream`: exact control of the bytes sent (bad
-//! UTF-8, partial headers, stalled bodies) and the arrival time of every body chunk, which a
-//! general-purpose client hides.
+//! A small blocking HTTP/1.1 client over `TcpStream` (or TLS over it): exact control of the
+//! bytes sent (bad UTF-8, partial headers, stalled bodies) and the arrival time of every body
+//! chunk, which a general-purpose client hides.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 
 use serde_json::Value;
 
 /// Largest response head accepted; a daemon sending more is broken.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
-/// `host:port` of a daemon, from a base URL such as `http://127.0.0.1:8080`.
+/// `host:port` of a daemon, from a base URL such as `http://127.0.0.1:8080`, and the TLS
+/// client settings when it serves HTTPS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub host: String,
     pub port: u16,
+    pub tls: Option<TlsClient>,
+}
+
+/// How to reach an HTTPS daemon: rustls trusting the CA of `--ca-file`.
+#[derive(Clone)]
+pub struct TlsClient(Arc<rustls::ClientConfig>);
+
+impl fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TlsClient")
+    }
+}
+
+impl PartialEq for TlsClient {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TlsClient {}
+
+impl TlsClient {
+    /// Trusts the PEM certificates in `ca_file`, and nothing else.
+    pub fn from_ca_file(ca_file: &Path) -> Result<TlsClient, String> {
+        let why = |e: &dyn fmt::Display| format!("--ca-file {}: {e}", ca_file.display());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| why(&e))? {
+            roots.add(cert.map_err(|e| why(&e))?).map_err(|e| why(&e))?;
+        }
+        if roots.is_empty() {
+            return Err(why(&"no PEM certificate in it"));
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| why(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        Ok(TlsClient(Arc::new(config)))
+    }
+}
+
+/// A connection to the daemon: plain TCP, or TLS over it (the handshake happens on the
+/// first read or write, within the socket's timeouts).
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Conn {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &s.sock,
+        }
+    }
+
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.tcp().set_read_timeout(d)
+    }
+
+    pub fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.tcp().set_write_timeout(d)
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
 }
 
 impl Endpoint {
+    /// Parses `http://HOST:PORT` (a trailing `/` is allowed; paths are not). `https://` needs
+    /// `ca_file`, the CA that signed the daemon's certificate.
+    pub fn parse_with_ca(url: &str, ca_file: Option<&Path>) -> Result<Endpoint, String> {
+        match (url.strip_prefix("https://"), ca_file) {
+            (Some(_), None) => Err(format!(
+                "base URL {url:?} is HTTPS: name the CA that signed its certificate with --ca-file"
+            )),
+            (Some(rest), Some(ca)) => {
+                let mut ep = Endpoint::parse(&format!("http://{rest}"))?;
+                if !url.contains(&format!(":{}", ep.port)) {
+                    ep.port = 443;
+                }
+                ep.tls = Some(TlsClient::from_ca_file(ca)?);
+                Ok(ep)
+            }
+            (None, Some(_)) => Err(format!(
+                "--ca-file is for an https:// base URL, not {url:?}"
+            )),
+            (None, None) => Endpoint::parse(url),
+        }
+    }
+
     /// Parses `http://HOST:PORT` (a trailing `/` is allowed; paths and TLS are not).
     pub fn parse(url: &str) -> Result<Endpoint, String> {
         let rest = url
@@ -46,6 +164,7 @@ impl Endpoint {
         Ok(Endpoint {
             host: host.trim_start_matches('[').trim_end_matches(']').into(),
             port,
+            tls: None,
         })
     }
 
@@ -53,6 +172,7 @@ impl Endpoint {
         Endpoint {
             host: addr.ip().to_string(),
             port: addr.port(),
+            tls: None,
         }
     }
 
@@ -64,14 +184,21 @@ impl Endpoint {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host resolves to nothing"))
     }
 
-    pub fn connect(&self, timeout: Duration) -> io::Result<TcpStream> {
+    pub fn connect(&self, timeout: Duration) -> io::Result<Conn> {
         let stream = TcpStream::connect_timeout(&self.addr()?, timeout)?;
         stream.set_nodelay(true).ok();
-        Ok(stream)
+        let Some(TlsClient(config)) = &self.tls else {
+            return Ok(Conn::Plain(stream));
+        };
+        let name = ServerName::try_from(self.host.clone())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let tls = rustls::ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
+        Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(tls, stream))))
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{self}{path}")
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{self}{path}")
     }
 
     /// Whether the daemon runs on this machine (its sysfs is ours).
@@ -284,7 +411,7 @@ enum Framing {
 
 /// The body of a response being read, piece by piece as the server sends it.
 pub struct BodyStream {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Conn>,
     framing: Framing,
     deadline: Instant,
     done: bool,
@@ -376,7 +503,7 @@ impl BodyStream {
 
     /// The connection, for the next request on a keep-alive connection (after the body was
     /// read to its end).
-    pub fn into_reader(self) -> BufReader<TcpStream> {
+    pub fn into_reader(self) -> BufReader<Conn> {
         self.reader
     }
 
@@ -398,7 +525,7 @@ pub struct Exchange {
     pub head_at: Instant,
 }
 
-fn read_line(r: &mut BufReader<TcpStream>) -> io::Result<String> {
+fn read_line(r: &mut BufReader<Conn>) -> io::Result<String> {
     let mut line = Vec::new();
     let n = r.by_ref().take(8 * 1024).read_until(b'\n', &mut line)?;
     if n == 0 {
@@ -416,7 +543,7 @@ fn read_line(r: &mut BufReader<TcpStream>) -> io::Result<String> {
 /// Reads a response head from `reader` and frames its body. `method` tells whether a body
 /// follows (not after HEAD).
 pub fn read_response(
-    mut reader: BufReader<TcpStream>,
+    mut reader: BufReader<Conn>,
     method: &str,
     deadline: Instant,
 ) -> io::Result<(Head, BodyStream)> {

@@ -56,6 +56,8 @@ pub enum TargetSpec {
     Attach {
         base_url: String,
         api_key: Option<String>,
+        /// The CA of an `https://` base URL.
+        ca_file: Option<PathBuf>,
     },
     /// The suite starts the daemons itself.
     Spawn {
@@ -129,8 +131,12 @@ pub fn run(opts: Options) -> Result<Report, String> {
         .map_err(|e| format!("cannot create a scratch dir: {e}"))?;
 
     let (mode, target, spawn, shared) = match &opts.target {
-        TargetSpec::Attach { base_url, api_key } => {
-            let ep = Endpoint::parse(base_url)?;
+        TargetSpec::Attach {
+            base_url,
+            api_key,
+            ca_file,
+        } => {
+            let ep = Endpoint::parse_with_ca(base_url, ca_file.as_deref())?;
             (Mode::Attach, Target::new(ep, api_key.clone()), None, None)
         }
         TargetSpec::Spawn {

@@ -19,11 +19,20 @@ use inferloop_qual::{Options, TargetSpec};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Test a running server at this URL (http://HOST:PORT); cases that must restart or
+    /// Test a running server at this URL (http://HOST:PORT, or https://HOST:PORT with
+    /// --ca-file); cases that must restart or
     /// reconfigure it are skipped, and on a server that is not an inferloopd so are the
     /// cases that need more than OpenAI's API.
     #[arg(long, value_name = "URL", conflicts_with = "spawn")]
     base_url: Option<String>,
+    /// The CA that signed the certificate of an `https://` base URL (PEM).
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "INFERLOOP_QUAL_CA_FILE",
+        requires = "base_url"
+    )]
+    ca_file: Option<PathBuf>,
     /// API key of the running daemon (`Authorization: Bearer KEY`).
     #[arg(long, env = "INFERLOOP_QUAL_API_KEY", requires = "base_url")]
     api_key: Option<String>,
@@ -105,6 +114,7 @@ fn main() -> ExitCode {
         (Some(base_url), None, _) => TargetSpec::Attach {
             base_url,
             api_key: cli.api_key,
+            ca_file: cli.ca_file,
         },
         (None, Some(bin), Some(model)) => TargetSpec::Spawn {
             bin,

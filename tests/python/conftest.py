@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -31,7 +32,7 @@ API_KEY = "secret"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
-_LISTEN_RE = re.compile(r"listening on (http://[A-Za-z0-9._\-:\[\]]+)")
+_LISTEN_RE = re.compile(r"listening on (https?://[A-Za-z0-9._\-:\[\]]+)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -54,7 +55,10 @@ def model_path() -> Path:
 class Daemon:
     """One inferloopd process; its stderr is drained into memory by a thread."""
 
-    def __init__(self, extra_args: list[str], ctx: int = 1024, slots: int = 2) -> None:
+    def __init__(self, extra_args: list[str], ctx: int = 1024, slots: int = 2,
+                 ca_file: str | None = None) -> None:
+        # HTTPS daemons (`--tls-cert`) are polled through the CA that signed their cert.
+        self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
         binary, model = daemon_binary(), model_path()
         if not binary.is_file():
             pytest.fail(f"daemon binary {binary} not found: run `make build` or set INFERLOOPD")
@@ -117,7 +121,8 @@ class Daemon:
                 self._bound.wait(0.1)
                 continue
             try:
-                with urllib.request.urlopen(self.base_url + "/readyz", timeout=2) as resp:
+                with urllib.request.urlopen(self.base_url + "/readyz", timeout=2,
+                                            context=self._tls) as resp:
                     if resp.status == 200:
                         return self.base_url
                     last_status = f"/readyz returned {resp.status}"
@@ -159,9 +164,10 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def running_daemon(*extra_args: str, ctx: int = 1024, slots: int = 2) -> Iterator[str]:
+def running_daemon(*extra_args: str, ctx: int = 1024, slots: int = 2,
+                   ca_file: str | None = None) -> Iterator[str]:
     """Start inferloopd, wait for /readyz, yield its base URL, stop it."""
-    daemon = Daemon(list(extra_args), ctx=ctx, slots=slots)
+    daemon = Daemon(list(extra_args), ctx=ctx, slots=slots, ca_file=ca_file)
     try:
         url = daemon.wait_ready()
     except BaseException:

@@ -12,12 +12,12 @@ use inferloop_qual::{Options, TargetSpec, SHARED_ARGS};
 
 use crate::proxy::Proxy;
 
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 /// The daemon binary and the model, or how to get them.
-fn spawn_cfg() -> SpawnCfg {
+pub(crate) fn spawn_cfg() -> SpawnCfg {
     let bin = std::env::var_os("INFERLOOPD")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/release/inferloopd"));
@@ -57,6 +57,7 @@ fn run_through(base_url: String) -> inferloop_qual::report::Report {
         target: TargetSpec::Attach {
             base_url,
             api_key: None,
+            ca_file: None,
         },
         filter: vec![FILTER.to_string()],
         jobs: 4,

@@ -7,3 +7,4 @@
 mod broken;
 mod cli;
 mod proxy;
+mod tls;

@@ -70,14 +70,13 @@ pub(super) fn register(r: &mut Registry) {
             let stream = ep
                 .connect(Duration::from_secs(10))
                 .map_err(|e| Stop::fail("connect", e.to_string()))?;
-            let mut writer = stream
-                .try_clone()
-                .map_err(|e| Stop::fail("socket clone", e.to_string()))?;
+            // One stream for both directions (a TLS session cannot be cloned).
             let mut reader = BufReader::new(stream);
             let mut statuses = Vec::new();
             for _ in 0..2 {
                 let req = Request::get(c.health_path()).header("Connection", "keep-alive");
-                writer
+                reader
+                    .get_mut()
                     .write_all(&req.encode(ep))
                     .map_err(|e| Stop::fail("write the request", e.to_string()))?;
                 let deadline = Instant::now() + Duration::from_secs(30);

@@ -3,7 +3,6 @@
 //! slot back within a step, and the metrics return to zero.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use serde_json::{json, Value};
 use super::reference;
 use crate::case::{Evidence, Group, Registry, Stop};
 use crate::ctx::Ctx;
-use crate::http::{self, Exchange, Request, Response};
+use crate::http::{self, Conn, Exchange, Request, Response};
 use crate::sse::Capture;
 use crate::target::{
     chat_body, counting, expect_error, expect_retry_after, metric, metric_of, streaming, text_of,
@@ -79,7 +78,7 @@ fn spawn_request(
 
 /// Sends a request on a raw connection and keeps it open without reading: dropping the
 /// stream is a client that leaves.
-fn send_and_hold(t: &Target, path: &str, body: &Value) -> Result<TcpStream, Stop> {
+fn send_and_hold(t: &Target, path: &str, body: &Value) -> Result<Conn, Stop> {
     let req = t.authed(Request::post(path).json(body));
     let mut s =
         t.ep.connect(Duration::from_secs(10))
