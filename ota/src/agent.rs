@@ -579,6 +579,20 @@ impl<I: Installer + Sync> Agent<I> {
                     ];
                     return self.close(state, &id, Finished::Failure, details).await;
                 }
+                // The download directory cannot take the file (full, read-only, failing):
+                // retrying would only fill it again. The partial file goes, so that the
+                // rest of /data keeps its space, and the server hears why.
+                Ok(Err(OtaError::Io { what, path, source }))
+                    if path == download::partial_path(&dest) =>
+                {
+                    let _ = std::fs::remove_file(&path);
+                    tracing::error!(action = %id, file = %path.display(), error = %source, "download stopped: {what} failed");
+                    let details = vec![
+                        format!("download stopped: {what} {} failed: {source}", path.display()),
+                        "the partial file was deleted; nothing was installed; free space on the data partition (or make it writable) and assign the update again".into(),
+                    ];
+                    return self.close(state, &id, Finished::Failure, details).await;
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(cancel) => {
                     // The select dropped the transfer; the partial file goes too.

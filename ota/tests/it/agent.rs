@@ -369,3 +369,54 @@ async fn a_stepped_wall_clock_does_not_fail_an_update_awaiting_its_health_check(
         "{fb:?}"
     );
 }
+
+/// A data partition that fills up during the download: the transfer stops, the partial file
+/// is removed (its space back), nothing is installed, and the server gets a closed/failure
+/// naming the cause. A real full filesystem: a 16 KiB tmpfs (needs root to mount; skipped
+/// otherwise) against a 50,000-byte bundle.
+#[tokio::test]
+async fn a_full_download_directory_stops_the_download_and_reports_it() {
+    let full = tempfile::tempdir().expect("tempdir");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
+        .arg(full.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(full.path());
+    let fake = Fake::start(Script::default()).await;
+    let downloads = full.path().join("ota");
+    let mut t = agent_on(fake, None, false, |f| {
+        f.download_dir = Some(downloads.clone());
+    })
+    .expect("agent");
+    t.agent.step().await;
+
+    let fb = t.fake.feedback();
+    let last = fb.last().expect("feedback");
+    assert_eq!(
+        executions(std::slice::from_ref(last)),
+        ["closed/failure"],
+        "{fb:?}"
+    );
+    assert!(
+        last.to_string().contains("No space left on device"),
+        "{last}"
+    );
+    assert!(t.rauc.with(|r| r.installs.is_empty()), "nothing installed");
+    let left: Vec<_> = std::fs::read_dir(&downloads)
+        .expect("download dir")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .filter(|n| n.to_string_lossy().contains("action-"))
+        .collect();
+    assert!(left.is_empty(), "partial file left behind: {left:?}");
+}
