@@ -290,6 +290,7 @@ fn writer_loop(
             "prompt cache disk tier ready"
         );
     }
+    let mut failures = WriteFailures::default();
     while let Ok(job) = rx.recv() {
         write(
             dir,
@@ -299,7 +300,30 @@ fn writer_loop(
             &job.name,
             &job.tokens,
             &job.payload,
+            &mut failures,
         );
+    }
+}
+
+/// Whether a failed write is worth a warning: the first of a run is, the rest of the run
+/// (a full or read-only disk fails every save, one per request) are counted in
+/// `inferloop_prompt_cache_dropped_total{reason="write_failed"}` and logged at debug only,
+/// until a write succeeds again.
+#[derive(Debug, Default)]
+struct WriteFailures {
+    since_last_success: u64,
+}
+
+impl WriteFailures {
+    /// Counts a failure; true for the first of a run.
+    fn failed(&mut self) -> bool {
+        self.since_last_success += 1;
+        self.since_last_success == 1
+    }
+
+    /// Counts a success; the number of failures it ends.
+    fn succeeded(&mut self) -> u64 {
+        std::mem::take(&mut self.since_last_success)
     }
 }
 
@@ -311,6 +335,7 @@ fn write(
     name: &str,
     tokens: &Arc<[i32]>,
     payload: &[u8],
+    failures: &mut WriteFailures,
 ) {
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let written = File::create(&tmp)
@@ -324,6 +349,10 @@ fn write(
     let mut index = index.lock().unwrap_or_else(|e| e.into_inner());
     match written {
         Ok(bytes) => {
+            let ended = failures.succeeded();
+            if ended > 0 {
+                tracing::info!(failed = ended, "prompt cache entries are written again");
+            }
             let Some(e) = index.entries.get_mut(name) else {
                 // Forgotten while queued.
                 let _ = std::fs::remove_file(dir.join(name));
@@ -350,7 +379,12 @@ fn write(
             evict(dir, &mut index, metrics);
         }
         Err(e) => {
-            tracing::warn!(entry = %tmp.display(), error = %e, "prompt cache entry not written");
+            if failures.failed() {
+                tracing::warn!(entry = %tmp.display(), error = %e,
+                    "prompt cache entry not written; serving goes on, and further failures are only counted until a write succeeds");
+            } else {
+                tracing::debug!(entry = %tmp.display(), error = %e, "prompt cache entry not written");
+            }
             let _ = std::fs::remove_file(&tmp);
             index.entries.remove(name);
             metrics.dropped("write_failed");
@@ -458,4 +492,20 @@ pub fn write_entry(dir: &Path, key: &Key, tokens: &[i32], payload: &[u8]) -> Pat
     entry::write_to(&mut f, key, tokens, payload).expect("write entry");
     std::io::Write::flush(&mut f).expect("flush entry");
     path
+}
+
+#[cfg(test)]
+mod write_failure_tests {
+    use super::WriteFailures;
+
+    /// A disk that fails every save warns once per run of failures, not once per request.
+    #[test]
+    fn a_run_of_failed_writes_warns_once_and_a_success_ends_it() {
+        let mut f = WriteFailures::default();
+        let warned: Vec<bool> = (0..5).map(|_| f.failed()).collect();
+        assert_eq!(warned, [true, false, false, false, false]);
+        assert_eq!(f.succeeded(), 5);
+        assert_eq!(f.succeeded(), 0);
+        assert!(f.failed(), "a new run warns again");
+    }
 }
