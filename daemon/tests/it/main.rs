@@ -11,6 +11,7 @@ mod api;
 mod chat;
 mod choices;
 mod connections;
+mod disks;
 mod golden;
 mod input;
 mod kv_type;
