@@ -298,13 +298,25 @@ def _esc(s: str) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def minute_ticks(t0: float, t1: float) -> list[float]:
+    """Tick times (s) at whole minutes, at most 7 of them, a step of 1, 2, 5, 10, 15, 30 or 60."""
+    span_min = max((t1 - t0) / 60, 1e-9)
+    step = next((m for m in (1, 2, 5, 10, 15, 30, 60) if span_min / m <= 6), 60 * math.ceil(span_min / 360))
+    first = math.ceil(t0 / 60 / step) * step
+    return [m * 60.0 for m in range(int(first), int(t1 / 60) + 1, step)]
+
+
 def render_svg(samples: list[dict[str, Any]], trends: dict[str, dict[str, Any]],
-               warmup_s: float, load_s: float | None, title: str) -> str:
+               warmup_s: float, load_s: float | None, title: str,
+               notes: list[str] | None = None) -> str:
     """One panel per gauge over time (minutes): the series, warm-up shaded grey, the time after
-    the load shaded blue, the post-warm-up fit as a dashed line, the slope per hour on top."""
+    the load shaded blue, the post-warm-up fit as a dashed line, the slope per hour on top;
+    `notes` (the verdict's reasons) under the title."""
+    notes = notes or []
     pw, ph, cols, ml, mr, mt, mb = 440, 170, 2, 64, 14, 30, 30
     rows = math.ceil(len(GAUGES) / cols)
-    width, height = cols * pw, rows * ph + 40
+    top = 40 + 14 * len(notes)
+    width, height = cols * pw, rows * ph + top
     ts = [s["t"] for s in samples]
     t0, t1 = (min(ts), max(ts)) if ts else (0.0, 1.0)
     if t1 <= t0:
@@ -313,8 +325,10 @@ def render_svg(samples: list[dict[str, Any]], trends: dict[str, dict[str, Any]],
            f'font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="10" y="22" font-size="14" font-weight="bold">{_esc(title)}</text>']
+    out += [f'<text x="10" y="{38 + 14 * k}" fill="#c00">{_esc(n[:150])}</text>'
+            for k, n in enumerate(notes)]
     for i, g in enumerate(GAUGES):
-        ox, oy = (i % cols) * pw, 40 + (i // cols) * ph
+        ox, oy = (i % cols) * pw, top + (i // cols) * ph
         x0, x1, y0, y1 = ox + ml, ox + pw - mr, oy + mt, oy + ph - mb
         pts = [(s["t"], s.get(g.name)) for s in samples if s.get(g.name) is not None]
         vals = [v for _, v in pts]
@@ -347,10 +361,8 @@ def render_svg(samples: list[dict[str, Any]], trends: dict[str, dict[str, Any]],
         for v in (lo + pad, hi - pad):
             out.append(f'<text x="{x0 - 4}" y="{Y(v) + 4:.1f}" text-anchor="end">'
                        f'{_esc(fmt_value(g, v))}</text>')
-        for k in range(5):
-            t = t0 + (t1 - t0) * k / 4
-            lab = f"{t / 60:.1f}m" if t1 - t0 < 600 else f"{t / 60:.0f}m"
-            out.append(f'<text x="{X(t):.1f}" y="{y1 + 14}" text-anchor="middle">{lab}</text>')
+        for t in minute_ticks(t0, t1):
+            out.append(f'<text x="{X(t):.1f}" y="{y1 + 14}" text-anchor="middle">{t / 60:.0f}m</text>')
         if pts:
             poly = " ".join(f"{X(t):.1f},{Y(v):.1f}" for t, v in pts)
             out.append(f'<polyline points="{poly}" fill="none" stroke="#1f5fbf" stroke-width="1.2"/>')
@@ -971,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
         "paused_s": round(paused[0], 1),
         "samples": len(samples),
         "slopes_per_hour": {g: t.get("slope_per_h") for g, t in trends.items()},
+        "slopes_per_hour_text": {g.name: f"{fmt_value(g, trends[g.name]['slope_per_h'])}/h"
+                                 for g in GAUGES if "slope_per_h" in trends[g.name]},
         "trends": trends,
         "idle_baseline": baseline,
         "after_load": after,
@@ -984,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "summary.json", summary)
     title = (f"inferloopd soak {meta['started']}: {args.rate:g} req/s, {load_s / 60:.0f} min - "
              + ("PASS" if not reasons else "FAIL"))
-    (out / "soak.svg").write_text(render_svg(samples, trends, args.warmup, load_s, title))
+    (out / "soak.svg").write_text(render_svg(samples, trends, args.warmup, load_s, title, reasons))
 
     print("\nslopes after warm-up (per hour):")
     for g in GAUGES:

@@ -232,3 +232,18 @@ def test_svg_has_a_panel_per_gauge_with_its_slope_and_is_well_formed():
     assert len(lines) == 5  # the gauges with readings (kv is None, three are absent)
     assert all(not math.isnan(float(v)) for p in lines for xy in p.get("points").split()
                for v in xy.split(","))
+
+
+@pytest.mark.parametrize("t1, ticks", [(300, [0, 1, 2, 3, 4, 5]), (7260, [0, 30, 60, 90, 120]),
+                                       (1800, [0, 5, 10, 15, 20, 25, 30]), (59, [0])])
+def test_minute_ticks_are_whole_and_few(t1, ticks):
+    assert soak.minute_ticks(0, t1) == [m * 60.0 for m in ticks]
+
+
+def test_svg_shows_the_verdicts_reasons_under_the_title():
+    samples = [{"t": t, "phase": "load", "fds": 10} for t in every(10, 30)]
+    svg = soak.render_svg(samples, soak.trends_for(samples, 60), 60, 290, "t",
+                          ["1 responses with a 5xx: tools 500 x1"])
+    root = ET.fromstring(svg)
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "1 responses with a 5xx: tools 500 x1" in texts
