@@ -23,6 +23,8 @@ requests.jsonl (every request: kind, start, end, outcome) and daemon.log (when i
 
 Usage: bench/soak.py [--duration 2h] [--rate 1] [--sample-every 10] [--warmup 15m]
                      [--out out/soak] [--base-url URL --pid PID] [--pause-while /tmp/QUIET]
+       bench/soak.py --report DIR   (the slopes of a run still going or cut short, from its
+                                     series.json: DIR/report.json, report.svg)
 Needs the openai package (the repo's .venv) for the traffic; the verdict logic does not.
 """
 
@@ -828,7 +830,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def print_trends(trends: dict[str, dict[str, Any]]) -> None:
+    print("\nslopes after warm-up (per hour):")
+    for g in GAUGES:
+        t = trends[g.name]
+        if "slope_per_h" in t:
+            mark = "-" if not g.judged else ("FAIL" if t["fail"] else "ok")
+            print(f"  {g.name:24} {fmt_value(g, t['slope_per_h']):>12}/h  {mark:4}  {t['reason']}")
+        else:
+            print(f"  {g.name:24} {'-':>12}    {t['reason']}")
+
+
+def report(out: Path) -> int:
+    """The trends of a run's series.json so far (a run still going, or cut short): slopes per
+    hour and each trend's verdict, outcomes from requests.jsonl; writes report.json and
+    report.svg beside it. No idle check: that needs the load to have stopped."""
+    try:
+        doc = json.loads((out / "series.json").read_text())
+    except (OSError, ValueError) as e:
+        print(f"soak: cannot read {out}/series.json: {e}", file=sys.stderr)
+        return 2
+    samples, warmup = doc["samples"], doc["meta"]["warmup_s"]
+    trends = trends_for(samples, warmup)
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    try:
+        for line in (out / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            counts[r["kind"]][r["outcome"]] += 1
+    except (OSError, ValueError):
+        pass
+    by_kind = merge_counts(counts)
+    reasons = verdict(list(trends.values()), [], by_kind, None)
+    load = [s["t"] for s in samples if s["phase"] == "load"]
+    span = (max(load) if load else 0.0) / 60
+    write_json(out / "report.json", {
+        "load_min_so_far": round(span, 1), "samples": len(samples), "reasons": reasons,
+        "slopes_per_hour_text": {g.name: f"{fmt_value(g, trends[g.name]['slope_per_h'])}/h"
+                                 for g in GAUGES if "slope_per_h" in trends[g.name]},
+        "trends": trends, "requests_by_kind": by_kind})
+    title = f"inferloopd soak {doc['meta']['started']}: {doc['meta']['rate']:g} req/s, {span:.0f} min so far"
+    (out / "report.svg").write_text(render_svg(samples, trends, warmup, None, title, reasons))
+    print(f"{out}: {span:.0f} min of load, {len(samples)} samples")
+    print_trends(trends)
+    print(f"requests: {dict(by_kind)}")
+    print(f"wrote {out}/report.json, report.svg")
+    if reasons:
+        print("so far:\n  " + "\n  ".join(reasons))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--report"]:
+        if len(argv) != 2:
+            print("usage: bench/soak.py --report DIR", file=sys.stderr)
+            return 2
+        return report(Path(argv[1]))
     args = parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1000,14 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
              + ("PASS" if not reasons else "FAIL"))
     (out / "soak.svg").write_text(render_svg(samples, trends, args.warmup, load_s, title, reasons))
 
-    print("\nslopes after warm-up (per hour):")
-    for g in GAUGES:
-        t = trends[g.name]
-        if "slope_per_h" in t:
-            mark = "-" if not g.judged else ("FAIL" if t["fail"] else "ok")
-            print(f"  {g.name:24} {fmt_value(g, t['slope_per_h']):>12}/h  {mark:4}  {t['reason']}")
-        else:
-            print(f"  {g.name:24} {'-':>12}    {t['reason']}")
+    print_trends(trends)
     print(f"requests: {dict(by_class)} (sent {traffic.sent}, skipped {traffic.skipped}); "
           f"idle again within {idle_s:.0f} s")
     print(f"wrote {out}/series.json, summary.json, soak.svg")

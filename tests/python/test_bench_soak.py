@@ -247,3 +247,37 @@ def test_svg_shows_the_verdicts_reasons_under_the_title():
     root = ET.fromstring(svg)
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "1 responses with a 5xx: tools 500 x1" in texts
+
+
+def test_report_judges_a_partial_run_from_its_files(tmp_path):
+    import json
+
+    samples = [{"t": t, "phase": "load", "paused": False, "fds": 10 + t / 60,
+                "rss_less_cache_bytes": 300 * MIB} for t in every(10, 60)]
+    (tmp_path / "series.json").write_text(json.dumps(
+        {"meta": {"warmup_s": 60, "started": "2026-12-06T08:00:00+00:00", "rate": 1.0},
+         "samples": samples}))
+    (tmp_path / "requests.jsonl").write_text(
+        '{"kind": "chat", "outcome": "200"}\n{"kind": "tools", "outcome": "500"}\n')
+    assert soak.main(["--report", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["slopes_per_hour_text"]["fds"] == "60/h"  # one fd a minute
+    assert rep["slopes_per_hour_text"]["rss_less_cache_bytes"] == "0.0 MiB/h"
+    assert rep["reasons"][0].startswith("fds trends upward")
+    assert "1 responses with a 5xx: tools 500 x1" in rep["reasons"]
+    ET.fromstring((tmp_path / "report.svg").read_text())
+
+
+def test_report_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
+    assert soak.main(["--report", str(tmp_path / "nothing")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_flags_default_and_refuse():
+    a = soak.parse_args(["--duration", "5m"])
+    assert (a.duration, a.warmup, a.rate, a.sample_every) == (300, 60, 1.0, 10.0)
+    assert soak.parse_args([]).duration == 7200
+    for bad in (["--base-url", "http://x"], ["--duration", "5m", "--warmup", "5m"],
+                ["--rate", "0"]):
+        with pytest.raises(SystemExit):
+            soak.parse_args(bad)
