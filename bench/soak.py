@@ -890,7 +890,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    wall0 = time.monotonic()
+    # SIGTERM or ^C ends the load early; the drain, the idle check and the summary still run.
+    stop = threading.Event()
+    interrupted: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     daemon = None
     if args.base_url:
         base_url, pid = args.base_url.rstrip("/"), args.pid
@@ -916,8 +925,22 @@ def main(argv: list[str] | None = None) -> int:
             daemon.stop()
             return 1
         pid = daemon.proc.pid
+    try:
+        return soak(args, base_url, pid, daemon, stop, interrupted)
+    finally:
+        if daemon is not None and daemon.proc.poll() is None:  # an exception on the way out
+            daemon.stop(timeout=60)
 
-    status = json.loads(http_get(base_url, "/v1/status", args.api_key))
+
+def soak(args: argparse.Namespace, base_url: str, pid: int, daemon: Any, stop: threading.Event,
+         interrupted: list[str]) -> int:
+    out: Path = args.out
+    wall0 = time.monotonic()
+    try:
+        status = json.loads(http_get(base_url, "/v1/status", args.api_key))
+    except (OSError, ValueError) as e:
+        print(f"soak: GET {base_url}/v1/status: {e}", file=sys.stderr)
+        return 2
     model = (status.get("model") or {}).get("id") or MODEL_ID
     slots, queue = status["slots"]["total"], status["queue"]["capacity"]
     burst = args.burst_size or slots + queue + 4
@@ -925,21 +948,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.duration / 60:.1f} min (warm-up {args.warmup / 60:.1f}), bursts of {burst} every "
           f"{args.burst_every:.0f} s, a sample every {args.sample_every:.0f} s -> {out}/", flush=True)
 
-    stop = threading.Event()
-    interrupted = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     # Priming: one request of every kind, then the idle floor of fds and threads.
     (out / "requests.jsonl").unlink(missing_ok=True)
     prime = Traffic(base_url, model, args.api_key, args.seed + 100, args.max_in_flight,
                     out / "requests.jsonl")
     for kind in [*MIX, "burst"]:
+        if stop.is_set():
+            break
         prime.run(kind)
         prime.wait(180)
     prime.close()
@@ -1048,7 +1063,8 @@ def main(argv: list[str] | None = None) -> int:
         "after_load": after,
         "idle_within_s": round(idle_s, 1),
         "idle_problems": idle_problems,
-        "requests": {"by_kind": counts, "by_class": dict(by_class), "sent": traffic.sent,
+        "requests": {"by_kind": counts, "by_class": dict(by_class),
+                     "sent": prime.sent + traffic.sent, "priming": prime.sent,
                      "skipped_client_busy": traffic.skipped, "seconds": traffic.latency()},
         "failures": prime.failures + traffic.failures,
         "daemon_exit": exit_code,
@@ -1059,7 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "soak.svg").write_text(render_svg(samples, trends, args.warmup, load_s, title, reasons))
 
     print_trends(trends)
-    print(f"requests: {dict(by_class)} (sent {traffic.sent}, skipped {traffic.skipped}); "
+    print(f"requests: {dict(by_class)} ({prime.sent} priming + {traffic.sent} sent, "
+          f"{traffic.skipped} skipped); "
           f"idle again within {idle_s:.0f} s")
     print(f"wrote {out}/series.json, summary.json, soak.svg")
     if reasons:
