@@ -52,6 +52,8 @@ help:
 	@echo "  bench-flood  30,000 idle and trickling sockets against the default connection cap: the daemon's fds, RSS and a real request's TTFT before, during and after -> bench/results/flood.json"
 	@echo "  bench-kv  --kv-type f16/q8_0/q4_0: the largest slots x ctx one memory limit admits (boot check, then a real cgroup as root), golden KL against f16 KV -> bench/results/kv.json"
 	@echo "  bench-speed  speculative decoding (n-gram, draft model) and q8_0 KV: decode tok/s on grounded, code-edit and chat workloads vs llama-server's spec modes -> bench/results/speed.json"
+	@echo "  soak     mixed traffic for SOAK_DURATION (default 2h) at SOAK_RATE req/s (default 1): RSS, fds, threads, KV cells, queue sampled every 10 s; fails on an upward slope, no return to idle or any 5xx -> out/soak/ (series.json, summary.json, soak.svg)"
+	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -192,6 +194,22 @@ bench-speed: $(VENV)/.installed model build
 	$(if $(findstring --draft-model,$(BENCH_ARGS)),$(MAKE) --no-print-directory model-q8)
 	$(VENV)/bin/python bench/speed.py --daemon $(BIN) --peer peer/llama-server \
 		$(if $(filter command line environment,$(origin MODEL)),--model $(MODEL)) $(BENCH_ARGS)
+
+# Soak: inferloopd (2 slots, a queue of 4) under chat and completions, streamed and not,
+# json_schema, forced tool calls, dropped streams, bursts past the queue and /metrics scrapes
+# at a steady SOAK_RATE, sampled every 10 s; see docs/benchmarks.md#soak. SOAK_ARGS adds flags
+# (--warmup 15m, --sample-every 10, --pause-while /tmp/QUIET, --base-url URL --pid PID).
+SOAK_DURATION ?= 2h
+SOAK_RATE ?= 1
+SOAK_ARGS ?=
+.PHONY: soak soak-smoke
+soak: $(VENV)/.installed model build
+	$(VENV)/bin/python bench/soak.py --daemon $(BIN) --model $(MODEL) --duration $(SOAK_DURATION) \
+		--rate $(SOAK_RATE) --out out/soak $(SOAK_ARGS)
+
+soak-smoke: $(VENV)/.installed model build
+	$(VENV)/bin/python bench/soak.py --daemon $(BIN) --model $(MODEL) --duration 5m \
+		--rate $(SOAK_RATE) --out out/soak-smoke $(SOAK_ARGS)
 
 # bench/prefix.py's plumbing against a stand-in daemon (bench/prefix_fake.py): seconds, no model.
 bench-prefix-smoke:
