@@ -80,10 +80,12 @@ fn exercise(bytes: &[u8]) {
     let Ok(g) = Gguf::from_bytes(bytes) else {
         return;
     };
-    let _ = (g.version(), g.alignment(), g.architecture());
-    assert!(
-        g.data_offset() <= g.file_len(),
-        "data starts inside the file"
+    // A file without tensors may end before its aligned data section starts.
+    let _ = (
+        g.version(),
+        g.alignment(),
+        g.architecture(),
+        g.data_offset(),
     );
     for (key, v) in g.metadata_entries() {
         assert!(g.metadata(key).is_some(), "{key} is found by name");
