@@ -117,11 +117,16 @@ run: deps model build
 # (llama-cpp-sys-2 builds it again, as RelWithDebInfo, for the dev profile:
 # minutes on 2 cores). It lints the same code, and q8-bench again with its only feature.
 CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench -- -D warnings
+# fuzz/ is its own workspace (it pulls in libFuzzer); linted in the main target directory,
+# where the daemon's llama.cpp is already built.
+CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
 # model-q8: the image tests compare the Orin example's pin with the file it makes.
 test: deps model model-q8
 	cargo fmt --all -- --check
+	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
 	$(CLIPPY_Q8_BENCH)
+	$(CLIPPY_FUZZ)
 	cargo test --workspace --release $(LOCKED)
 	$(MAKE) --no-print-directory pytest
 
@@ -279,7 +284,7 @@ fuzz-gguf: model
 # FUZZ_TARGETS="template sse" picks targets. Needs cargo-fuzz (scripts/install-deps.sh).
 FUZZ_RUNS ?= 1000000
 FUZZ_MAX_TIME ?= 0
-FUZZ_SMOKE_RUNS ?= 10000
+FUZZ_SMOKE_RUNS ?= 50000
 .PHONY: fuzz fuzz-smoke fuzz-deps
 fuzz-deps:
 	scripts/install-deps.sh --fuzz
@@ -292,10 +297,12 @@ fuzz-smoke: fuzz-deps
 
 fmt:
 	cargo fmt --all
+	cargo fmt --manifest-path fuzz/Cargo.toml --all
 
 clippy:
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
 	$(CLIPPY_Q8_BENCH)
+	$(CLIPPY_FUZZ)
 
 # Keeps models/ (a re-download is ~100 MB); `rm -rf models` for that.
 clean:

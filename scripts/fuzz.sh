@@ -9,6 +9,7 @@
 #   FUZZ_TARGETS   which targets (all of them)
 #   FUZZ_TIMEOUT   seconds one input may take before it counts as a hang (10)
 #   FUZZ_OUT       where the logs and summary go (out/fuzz)
+#   FUZZ_CORPUS    where each target's corpus grows, one folder per target (fuzz/corpus)
 #
 # Built with --sanitizer none (the code under test is safe Rust; no nightly flag needed, so
 # the stable toolchain builds it) and --debug-assertions (overflow checks on). The corpus
@@ -21,6 +22,7 @@ runs="${FUZZ_RUNS:-1000000}"
 max_time="${FUZZ_MAX_TIME:-0}"
 timeout="${FUZZ_TIMEOUT:-10}"
 out="${FUZZ_OUT:-out/fuzz}"
+corpora="${FUZZ_CORPUS:-fuzz/corpus}"
 read -r -a targets <<<"${FUZZ_TARGETS:-request_body template tool_calls sse gguf ddi}"
 flags=(--sanitizer none --debug-assertions)
 
@@ -39,7 +41,7 @@ summary="$out/summary.txt"
 printf '%-13s %10s %8s %7s %7s %6s %7s %8s\n' target execs exec/s cov ft corpus rss_mb seconds >"$summary"
 failed=()
 for t in "${targets[@]}"; do
-    corpus="fuzz/corpus/$t"
+    corpus="$corpora/$t"
     mkdir -p "$corpus" "fuzz/artifacts/$t"
     log="$out/$t.log"
     echo "fuzz: $t: $runs runs (at most ${max_time}s; 0 = no limit), log in $log"

@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // A fixed clock: `strftime_now` then renders the same text on every run.
     let template = template.with_fixed_time(1_722_000_309);
-    let add_generation_prompt = source.len() % 2 == 0;
+    let add_generation_prompt = source.len() & 1 == 0;
     let rendered = render_marked(&turns, |stand_ins| {
         template.render(stand_ins, tools.as_ref(), add_generation_prompt)
     });
