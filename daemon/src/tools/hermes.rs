@@ -62,7 +62,9 @@ impl HermesStream {
                 }
                 InCall::Head => {
                     let end = self.buf.find(CLOSE);
-                    let upto = end.unwrap_or(self.buf.len());
+                    // Before the closing tag is whole, its possible start at the end is no
+                    // part of the body: the whole text would not show it to `head` either.
+                    let upto = end.unwrap_or(self.buf.len() - held_prefix(&self.buf, CLOSE));
                     match head(&self.buf[..upto], "arguments") {
                         // Arguments sent as a JSON string are decoded at the end.
                         Head::Args { at, .. } if self.buf[at..].starts_with('"') => {
@@ -291,6 +293,16 @@ mod tests {
             assert_eq!(args, whole[0].arguments, "{text}");
             assert!(!args.contains("</"), "{args:?}");
         }
+    }
+
+    /// Found by the `tool_calls` fuzz target: a body that closed right after
+    /// `"arguments":` was text when answered whole, but streamed as a call, the `<` of
+    /// `</tool_call>` taken for the start of its arguments.
+    #[test]
+    fn the_closing_tags_start_is_not_taken_for_arguments() {
+        let text = "<tool_call>\n{\"name\": \"now\", \"arguments\":\n</tool_call>";
+        assert_eq!(parse(text), (Some(text.into()), vec![]));
+        assert_eq!(trickle(text), vec![Out::Content(text.into())]);
     }
 
     #[test]
