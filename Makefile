@@ -62,6 +62,8 @@ help:
 	@echo "  kernel-bench   q8-bench on the CPU twin (DEVICE=cuda on a GPU) -> out/kernels/bench.json"
 	@echo "  gpu-sim-bench GPGPUSIM_SRC=DIR  decode kernels' bandwidth on a simulated Orin NX (GPGPU-Sim; not in CI; QUICK=1) -> out/gpu-sim/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
+	@echo "  fuzz     libFuzzer (cargo fuzz) on every target in fuzz/, FUZZ_RUNS=$(FUZZ_RUNS) executions each -> out/fuzz/summary.txt"
+	@echo "  fuzz-smoke  every fuzz target for $(FUZZ_SMOKE_RUNS) executions or 20 s (what CI runs)"
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  qual-peer  the same cases against llama.cpp's llama-server (attach mode) -> out/qual-peer/, with compare.md"
@@ -118,11 +120,16 @@ run: deps model build
 # (llama-cpp-sys-2 builds it again, as RelWithDebInfo, for the dev profile:
 # minutes on 2 cores). It lints the same code, and q8-bench again with its only feature.
 CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench -- -D warnings
+# fuzz/ is its own workspace (it pulls in libFuzzer); linted in the main target directory,
+# where the daemon's llama.cpp is already built.
+CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
 # model-q8: the image tests compare the Orin example's pin with the file it makes.
 test: deps model model-q8
 	cargo fmt --all -- --check
+	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
 	$(CLIPPY_Q8_BENCH)
+	$(CLIPPY_FUZZ)
 	cargo test --workspace --release $(LOCKED)
 	$(MAKE) --no-print-directory pytest
 
@@ -291,12 +298,34 @@ gpu-sim-bench:
 fuzz-gguf: model
 	GGUF_MUTATIONS=1000000 cargo test --release $(LOCKED) -p inferloop-gguf --test mutation -- --nocapture
 
+# Coverage-guided fuzzing with libFuzzer (cargo fuzz; fuzz/, docs/fuzzing.md): request
+# bodies through validation, hostile chat templates, the tool-call parsers whole vs
+# trickled, the SSE framing, the GGUF reader, the OTA agent's DDI replies.
+#   make fuzz        every target for FUZZ_RUNS executions, one after another (not in CI;
+#                    FUZZ_MAX_TIME=S caps each target's seconds) -> out/fuzz/summary.txt
+#   make fuzz-smoke  every target for FUZZ_SMOKE_RUNS executions or 20 s (CI's fuzz phase)
+# FUZZ_TARGETS="template sse" picks targets. Needs cargo-fuzz (scripts/install-deps.sh).
+FUZZ_RUNS ?= 1000000
+FUZZ_MAX_TIME ?= 0
+FUZZ_SMOKE_RUNS ?= 50000
+.PHONY: fuzz fuzz-smoke fuzz-deps
+fuzz-deps:
+	scripts/install-deps.sh --fuzz
+
+fuzz: fuzz-deps
+	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_MAX_TIME=$(FUZZ_MAX_TIME) scripts/fuzz.sh
+
+fuzz-smoke: fuzz-deps
+	FUZZ_RUNS=$(FUZZ_SMOKE_RUNS) FUZZ_MAX_TIME=20 FUZZ_OUT=out/fuzz-smoke scripts/fuzz.sh
+
 fmt:
 	cargo fmt --all
+	cargo fmt --manifest-path fuzz/Cargo.toml --all
 
 clippy:
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
 	$(CLIPPY_Q8_BENCH)
+	$(CLIPPY_FUZZ)
 
 # Keeps models/ (a re-download is ~100 MB); `rm -rf models` for that.
 clean:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the build and test prerequisites on Debian (12 "bookworm" and later).
 #
+# `--fuzz` also installs cargo-fuzz (make fuzz, make fuzz-smoke).
+#
 # Only what is missing is installed, and `apt-get update` runs only when
 # something is. Without root, the script prints the command to run and fails.
 #
@@ -123,6 +125,19 @@ if [[ ${#missing_components[@]} -gt 0 ]]; then
     else
         # Not fatal: building and running need neither; `make test` does.
         echo "install-deps: warning: missing ${missing_components[*]} and no rustup to add them; 'make test' will fail" >&2
+    fi
+fi
+
+# cargo-fuzz (issue 31), with --fuzz (make fuzz, make fuzz-smoke): from crates.io, built by
+# the toolchain above (~1 minute on 2 cores). The targets build on stable: they use
+# `--sanitizer none`, which needs no nightly flag.
+CARGO_FUZZ_VERSION="0.13.2"
+if [[ "${1:-}" == "--fuzz" ]]; then
+    if cargo fuzz --version 2>/dev/null | grep -qF "$CARGO_FUZZ_VERSION"; then
+        log "cargo-fuzz present: $(cargo fuzz --version)"
+    else
+        log "installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
+        cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
     fi
 fi
 log "ok"

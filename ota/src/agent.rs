@@ -75,8 +75,9 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// `action-7-inferloop-1.1.0.raucb`: only characters safe in a file name.
-fn download_name(action_id: &str, filename: &str) -> String {
+/// `action-7-inferloop-1.1.0.raucb`: only characters safe in a file name, whatever the
+/// server sent (public for the `ddi` fuzz target).
+pub fn download_name(action_id: &str, filename: &str) -> String {
     let clean = |s: &str| -> String {
         s.chars()
             .map(|c| {

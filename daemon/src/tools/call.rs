@@ -83,3 +83,11 @@ pub(super) fn call_of(body: &str) -> Option<ToolCall> {
     };
     Some(ToolCall { name, arguments })
 }
+
+/// How many bytes at the end of `buf` could be the start of `marker` (held back).
+pub(super) fn held_prefix(buf: &str, marker: &str) -> usize {
+    (1..marker.len().min(buf.len() + 1))
+        .rev()
+        .find(|n| buf.is_char_boundary(buf.len() - n) && marker.starts_with(&buf[buf.len() - n..]))
+        .unwrap_or(0)
+}

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::call::{call_of, Out, Spacer};
+use super::call::{call_of, held_prefix, Out, Spacer};
 use super::scan::{head, Head};
 
 pub const OPEN: &str = "<tool_call>";
@@ -55,20 +55,16 @@ impl HermesStream {
                         continue;
                     }
                     // Keep the longest tail that could begin `<tool_call>`.
-                    let keep = (1..OPEN.len().min(self.buf.len() + 1))
-                        .rev()
-                        .find(|n| {
-                            self.buf.is_char_boundary(self.buf.len() - n)
-                                && OPEN.starts_with(&self.buf[self.buf.len() - n..])
-                        })
-                        .unwrap_or(0);
+                    let keep = held_prefix(&self.buf, OPEN);
                     let text: String = self.buf.drain(..self.buf.len() - keep).collect();
                     self.content(&mut out, text);
                     break;
                 }
                 InCall::Head => {
                     let end = self.buf.find(CLOSE);
-                    let upto = end.unwrap_or(self.buf.len());
+                    // Before the closing tag is whole, its possible start at the end is no
+                    // part of the body: the whole text would not show it to `head` either.
+                    let upto = end.unwrap_or(self.buf.len() - held_prefix(&self.buf, CLOSE));
                     match head(&self.buf[..upto], "arguments") {
                         // Arguments sent as a JSON string are decoded at the end.
                         Head::Args { at, .. } if self.buf[at..].starts_with('"') => {
@@ -85,15 +81,13 @@ impl HermesStream {
                 }
                 InCall::Args { at, sent } => {
                     let Some(end) = self.buf.find(CLOSE) else {
-                        // Held back: what may still be the block's end (a last `}` followed
-                        // only by whitespace and the start of `</tool_call>`), and trailing
-                        // whitespace, which may come before that `}`.
+                        // Held back: what may still be the block's end (the start of
+                        // `</tool_call>`, and a last `}` before it), and trailing whitespace,
+                        // which may come before either: what is sent must stay a prefix of
+                        // the arguments the closed block gives (`args_text`).
                         let t = &self.buf[at..];
-                        let tail_is_end = |after: &str| CLOSE.starts_with(after.trim_start());
-                        let ready = match t.rfind('}') {
-                            Some(b) if tail_is_end(&t[b + 1..]) => t[..b].trim_end(),
-                            _ => t.trim_end(),
-                        };
+                        let t = t[..t.len() - held_prefix(t, CLOSE)].trim_end();
+                        let ready = t.strip_suffix('}').map_or(t, str::trim_end);
                         if ready.len() > sent {
                             out.push(Out::CallArgs(ready[sent..].to_string()));
                             self.state = InCall::Args {
@@ -275,6 +269,40 @@ mod tests {
                 call("b", "{}")
             ]
         );
+    }
+
+    /// Found by the `tool_calls` fuzz target: arguments that do not end in `}` before the
+    /// closing tag streamed the tag's start (`\n</tool_call`) as arguments, so the streamed
+    /// call differed from the whole one.
+    #[test]
+    fn a_partial_closing_tag_is_never_streamed_as_arguments() {
+        for text in [
+            "<tool_call>{\"name\":\"f\",\"arguments\":{}x\n</tool_call>",
+            "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1} <</tool_call>",
+        ] {
+            let mut args = String::new();
+            for o in trickle(text) {
+                match o {
+                    Out::CallArgs(a) => args.push_str(&a),
+                    Out::CallStart(n) => assert_eq!(n, "f"),
+                    other => panic!("{other:?}"),
+                }
+            }
+            let whole = parse(text).1;
+            assert_eq!(whole.len(), 1, "{text}");
+            assert_eq!(args, whole[0].arguments, "{text}");
+            assert!(!args.contains("</"), "{args:?}");
+        }
+    }
+
+    /// Found by the `tool_calls` fuzz target: a body that closed right after
+    /// `"arguments":` was text when answered whole, but streamed as a call, the `<` of
+    /// `</tool_call>` taken for the start of its arguments.
+    #[test]
+    fn the_closing_tags_start_is_not_taken_for_arguments() {
+        let text = "<tool_call>\n{\"name\": \"now\", \"arguments\":\n</tool_call>";
+        assert_eq!(parse(text), (Some(text.into()), vec![]));
+        assert_eq!(trickle(text), vec![Out::Content(text.into())]);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! A forced reply (see [`ToolUse::grammar`](super::ToolUse::grammar)) has no marker: a
 //! Mistral reply that opens with a list of objects is taken as that list.
 
-use super::call::{call_of, Out, Spacer};
+use super::call::{call_of, held_prefix, Out, Spacer};
 use super::format::{MISTRAL_CALLS, PYTHON_TAG};
 use super::scan::{head, value_end, Head};
 
@@ -280,14 +280,6 @@ impl JsonStream {
         }
         out
     }
-}
-
-/// How many bytes at the end of `buf` could be the start of `marker` (held back).
-fn held_prefix(buf: &str, marker: &str) -> usize {
-    (1..marker.len().min(buf.len() + 1))
-        .rev()
-        .find(|n| buf.is_char_boundary(buf.len() - n) && marker.starts_with(&buf[buf.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

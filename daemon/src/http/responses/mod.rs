@@ -13,6 +13,14 @@ mod output;
 mod stream;
 pub mod wire;
 
+/// The stream framers, reachable from outside the crate for the fuzz targets in `fuzz/`
+/// only (`http::sse` is private to `http`): not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::stream::ResponseFramer;
+    pub use crate::http::sse::{Framer, Frames, Shape, ToolFramer};
+}
+
 use std::time::Instant;
 
 use axum::body::Body;
