@@ -316,7 +316,7 @@ fuzz: fuzz-deps
 	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_MAX_TIME=$(FUZZ_MAX_TIME) scripts/fuzz.sh
 
 fuzz-smoke: fuzz-deps
-	FUZZ_RUNS=$(FUZZ_SMOKE_RUNS) FUZZ_MAX_TIME=20 FUZZ_OUT=out/fuzz-smoke scripts/fuzz.sh
+	FUZZ_BUILD=dev FUZZ_RUNS=$(FUZZ_SMOKE_RUNS) FUZZ_MAX_TIME=20 FUZZ_OUT=out/fuzz-smoke scripts/fuzz.sh
 
 fmt:
 	cargo fmt --all

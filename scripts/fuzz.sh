@@ -10,6 +10,9 @@
 #   FUZZ_TIMEOUT   seconds one input may take before it counts as a hang (10)
 #   FUZZ_OUT       where the logs and summary go (out/fuzz)
 #   FUZZ_CORPUS    where each target's corpus grows, one folder per target (fuzz/corpus)
+#   FUZZ_BUILD     release (optimized; what `make fuzz` uses) or dev (unoptimized: a cold
+#                  build of every dependency and llama.cpp's C++ takes a fraction of the time,
+#                  inputs run slower; what CI's smoke uses)
 #
 # Built with --sanitizer none (the code under test is safe Rust; no nightly flag needed, so
 # the stable toolchain builds it) and --debug-assertions (overflow checks on). The corpus
@@ -24,7 +27,11 @@ timeout="${FUZZ_TIMEOUT:-10}"
 out="${FUZZ_OUT:-out/fuzz}"
 corpora="${FUZZ_CORPUS:-fuzz/corpus}"
 read -r -a targets <<<"${FUZZ_TARGETS:-request_body template tool_calls sse gguf ddi}"
-flags=(--sanitizer none --debug-assertions)
+case "${FUZZ_BUILD:-release}" in
+    release) flags=(--sanitizer none --debug-assertions) ;;
+    dev) flags=(--sanitizer none --dev) ;;
+    *) echo "fuzz: FUZZ_BUILD must be release or dev, not ${FUZZ_BUILD}" >&2; exit 2 ;;
+esac
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz: cargo-fuzz is missing; install it with: cargo install cargo-fuzz --locked" >&2

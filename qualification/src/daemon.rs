@@ -456,7 +456,8 @@ mod tests {
             listening_address(log),
             Some(Endpoint {
                 host: "127.0.0.1".into(),
-                port: 4242
+                port: 4242,
+                tls: None,
             })
         );
         assert_eq!(listening_address("nothing yet"), None);

@@ -672,11 +672,15 @@ mod tests {
             Endpoint::parse("http://127.0.0.1:8080/").expect("valid"),
             Endpoint {
                 host: "127.0.0.1".into(),
-                port: 8080
+                port: 8080,
+                tls: None,
             }
         );
         assert_eq!(Endpoint::parse("http://box").expect("valid").port, 80);
         assert!(Endpoint::parse("https://box:1").is_err());
+        let e = Endpoint::parse_with_ca("https://box:1", None).expect_err("no CA");
+        assert!(e.contains("--ca-file"), "{e}");
+        assert!(Endpoint::parse_with_ca("http://box:1", Some(Path::new("/ca.pem"))).is_err());
         assert!(Endpoint::parse("http://box:1/v1").is_err());
     }
 

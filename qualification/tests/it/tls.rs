@@ -93,7 +93,7 @@ fn the_suite_runs_over_https_with_the_ca_file() {
             progress: false,
         })
     };
-    let e = run(None).err().expect("https without a CA cannot run");
+    let e = run(None).expect_err("https without a CA cannot run");
     assert!(e.contains("--ca-file"), "{e}");
 
     let report = run(Some(&ca)).unwrap_or_else(|e| panic!("the suite did not run: {e}"));

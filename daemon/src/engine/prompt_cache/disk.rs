@@ -292,16 +292,7 @@ fn writer_loop(
     }
     let mut failures = WriteFailures::default();
     while let Ok(job) = rx.recv() {
-        write(
-            dir,
-            index,
-            metrics,
-            &key,
-            &job.name,
-            &job.tokens,
-            &job.payload,
-            &mut failures,
-        );
+        write(dir, index, metrics, &key, &job, &mut failures);
     }
 }
 
@@ -332,11 +323,14 @@ fn write(
     index: &Mutex<Index>,
     metrics: &TierMetrics,
     key: &Key,
-    name: &str,
-    tokens: &Arc<[i32]>,
-    payload: &[u8],
+    job: &Job,
     failures: &mut WriteFailures,
 ) {
+    let Job {
+        name,
+        tokens,
+        payload,
+    } = job;
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let written = File::create(&tmp)
         .and_then(|f| {
