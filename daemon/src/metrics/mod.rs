@@ -523,6 +523,24 @@ inferloop_spec_drafted_tokens_total 0
 # HELP inferloop_spec_accepted_tokens_total Drafted tokens the model accepted (each saved one decode step).
 # TYPE inferloop_spec_accepted_tokens_total counter
 inferloop_spec_accepted_tokens_total 0
+# HELP inferloop_connections_open HTTP connections open now, lingering ones included.
+# TYPE inferloop_connections_open gauge
+inferloop_connections_open 0
+# HELP inferloop_connections_max The cap on open HTTP connections (--max-connections).
+# TYPE inferloop_connections_max gauge
+inferloop_connections_max 0
+# HELP inferloop_connections_accepted_total HTTP connections admitted.
+# TYPE inferloop_connections_accepted_total counter
+inferloop_connections_accepted_total 0
+# HELP inferloop_connections_refused_total HTTP connections refused with a 503 at the cap, every open one answering a request.
+# TYPE inferloop_connections_refused_total counter
+inferloop_connections_refused_total 0
+# HELP inferloop_connections_closed_total HTTP connections the daemon closed, by reason (header_timeout, idle_timeout, evicted to make room at the cap, tls_handshake failed).
+# TYPE inferloop_connections_closed_total counter
+inferloop_connections_closed_total{reason="evicted"} 0
+inferloop_connections_closed_total{reason="header_timeout"} 0
+inferloop_connections_closed_total{reason="idle_timeout"} 0
+inferloop_connections_closed_total{reason="tls_handshake"} 0
 # HELP inferloop_ttft_seconds Request received to first token sampled.
 # TYPE inferloop_ttft_seconds histogram
 inferloop_ttft_seconds_bucket{le="0.005"} 0
@@ -580,12 +598,15 @@ inferloop_request_seconds_count 1
 inferloop_memory_rss_bytes 123456
 "#;
 
-    /// `text` with each run of `inferloop_requests_total{` lines sorted.
+    /// `text` with each run of a labelled family's lines sorted (a family's series come in
+    /// hash order).
     fn requests_sorted(text: &str) -> String {
         let mut out: Vec<&str> = Vec::new();
         let mut run: Vec<&str> = Vec::new();
         for line in text.lines() {
-            if line.starts_with("inferloop_requests_total{") {
+            if line.starts_with("inferloop_requests_total{")
+                || line.starts_with("inferloop_connections_closed_total{")
+            {
                 run.push(line);
                 continue;
             }
