@@ -92,19 +92,30 @@ impl<B: Backend> Scheduler<'_, B> {
         if !self.store.enabled() || prompt.is_empty() {
             return None;
         }
+        let chunk = self.plan.prefill_chunk as usize;
         let c = self.store.longest(prompt)?;
-        let len = self
-            .prefix
-            .cut(c.shared, prompt.len(), self.plan.prefill_chunk as usize);
+        let len = self.prefix.cut(c.shared, prompt.len(), chunk);
         let gained = len.checked_sub(resident).filter(|&g| g > 0)?;
         if !self.store.costs.worth(c.tier, c.bytes, gained) || !self.pool_holds(slot, c.tokens) {
             return None;
         }
         self.save_leaving(slot, 0);
+        // Saving what the slot leaves changes the RAM tier (the new entry drops those it
+        // covers and evicts the least recently used, which moves entries): the candidate is
+        // looked up again. Taking it by its old place restored another prompt's cells
+        // under this prompt's length (found by the soak: llama.cpp then refused the next
+        // step's positions, and a longer wrong entry would have answered from the wrong
+        // context).
+        let c = self.store.longest(prompt)?;
+        let len = self.prefix.cut(c.shared, prompt.len(), chunk);
+        if len <= resident {
+            return None;
+        }
         let started = self.clock.now();
         let (tokens, payload) = self.store.fetch(&c)?;
+        let shares = common_prefix(&tokens, prompt) >= len;
         match self.backend.restore_prefix(slot, &payload) {
-            Ok(held) if held as usize == tokens.len() => {
+            Ok(held) if shares && held as usize == tokens.len() => {
                 self.backend.truncate(slot, len as u32);
                 let took = self.clock.now().saturating_duration_since(started);
                 self.store.restored(&c, len, took);

@@ -140,3 +140,34 @@ fn idle_slots_are_written_to_disk_once_between_requests() {
         .longest(&prompt(1, 300))
         .is_some_and(|c| c.tier == Tier::Ram));
 }
+
+/// Regression (found by the soak): saving the prefix a slot leaves, just before a restore
+/// into it, evicted another RAM entry and moved the candidate's place in the tier; the
+/// restore then took the entry now at the old place (another prompt) under the candidate's
+/// length, so the slot's cells and the prefix index disagreed and llama.cpp refused the
+/// next step. A RAM tier that holds two of these entries, three prompts through one slot:
+/// the fourth restores the right one.
+#[test]
+fn a_save_that_evicts_before_a_restore_does_not_restore_another_prompt() {
+    let mut r = rig_with(plan(1, 2), |metrics| {
+        let tiers = TiersPlan {
+            // Two 301-token entries (1,272 B each) fit; a third of 251 evicts the oldest.
+            ram_bytes: 3000,
+            disk: None,
+        };
+        PromptStore::start(&tiers, Some("fake".into()), Arc::default(), metrics)
+    });
+    let (x, a, c) = (prompt(1, 300), prompt(2, 300), prompt(3, 250));
+    run(&mut r, x);
+    run(&mut r, a.clone());
+    run(&mut r, c);
+    // RAM holds X then A; the slot holds C. A again: saving C evicts X, and A moves.
+    let mut again = a;
+    again.extend([7; 20]);
+    assert_eq!(run(&mut r, again), 300);
+    assert_eq!(
+        r.fake.log().restored,
+        vec![(0, 301)],
+        "A's 301 saved rows, not C's 251"
+    );
+}
