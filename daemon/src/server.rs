@@ -244,7 +244,7 @@ fn load_engine(
     thermal: ThermalGate,
     weights_sha256: Arc<std::sync::OnceLock<String>>,
 ) -> Result<Engine, EngineError> {
-    plan.debug_stall("model load");
+    plan.debug_stall_load();
     let t0 = Instant::now();
     // The tokenizer and chat template always come from llama.cpp; the weights too, unless
     // the backend maps them itself.

@@ -54,9 +54,10 @@ pub struct EnginePlan {
     pub spec_gate: SpecGate,
     #[serde(skip)]
     pub queue_timeout: Duration,
-    /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the model
-    /// load and the decode loop block: the heartbeat goes stale (the VM's systemd watchdog
-    /// test), and a load takes as long as a test needs to signal the daemon meanwhile.
+    /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
+    /// loop blocks, so its heartbeat goes stale (the VM's systemd watchdog test); while the
+    /// same path with `.load` appended exists the model load blocks, so a test can signal
+    /// the daemon mid-load.
     #[serde(skip)]
     pub debug_stall_file: Option<PathBuf>,
 }
@@ -109,12 +110,24 @@ impl PlanSpec {
 const MAX_SEQUENCES: usize = 256;
 
 impl EnginePlan {
-    /// Blocks while the plan's `debug_stall_file` exists (see the field); `what` names the
-    /// blocked stage in the log.
-    pub fn debug_stall(&self, what: &str) {
-        let Some(path) = &self.debug_stall_file else {
-            return;
-        };
+    /// Blocks the decode loop while the plan's `debug_stall_file` exists (see the field).
+    pub fn debug_stall_decode(&self) {
+        if let Some(path) = &self.debug_stall_file {
+            Self::debug_stall(path, "decode loop");
+        }
+    }
+
+    /// Blocks the model load while the plan's `debug_stall_file` with `.load` appended
+    /// exists (see the field).
+    pub fn debug_stall_load(&self) {
+        if let Some(path) = &self.debug_stall_file {
+            let mut load = path.clone().into_os_string();
+            load.push(".load");
+            Self::debug_stall(std::path::Path::new(&load), "model load");
+        }
+    }
+
+    fn debug_stall(path: &std::path::Path, what: &str) {
         if path.exists() {
             tracing::warn!(path = %path.display(), "debug stall file present: {what} blocked");
             while path.exists() {

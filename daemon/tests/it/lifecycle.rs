@@ -354,12 +354,12 @@ fn sigterm_with_half_sent_requests_exits_within_the_shutdown_timeout() {
 /// SIGTERM while the model loads stops the daemon at once. The load was a blocking task of
 /// the async runtime, and dropping the runtime waited for it: a stop during a long load (a
 /// large model on slow storage, a template that had to run out of fuel) waited for the
-/// whole load. The stall file holds the load for as long as the test needs.
+/// whole load. The stall file's `.load` twin holds the load for as long as the test needs.
 #[test]
 fn sigterm_while_the_model_loads_exits_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stall = dir.path().join("stall");
-    std::fs::write(&stall, b"").expect("stall file");
+    std::fs::write(dir.path().join("stall.load"), b"").expect("load stall file");
     let mut d = Daemon::start_listening_with_env(
         &["--slots", "1", "--ctx", "256"],
         &[("INFERLOOP_DEBUG_STALL_FILE", stall.to_str().expect("utf8"))],

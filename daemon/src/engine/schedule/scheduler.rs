@@ -113,7 +113,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 
     pub(super) fn run_loop(&mut self, rx: &Receiver<Command>) {
         loop {
-            self.plan.debug_stall("decode loop");
+            self.plan.debug_stall_decode();
             if self.state.active() == 0 {
                 // Nothing to decode: save an idle slot's prefix to the prompt cache's tiers
                 // (one per turn, so a new request waits for one save at most), else wait
