@@ -36,13 +36,23 @@ pub(super) fn register(r: &mut Registry) {
         G,
         "input.ignored.user",
         "The `user` field is accepted and ignored",
-        "200, same greedy text",
+        "200, the greedy text of the same request without it (run just before or just after)",
         |c, ev| {
-            let plain = text_of(&c.target.chat(&chat_body("Hi", 4))?)?;
+            // On a server busy with other requests, greedy text may part at a near tie
+            // between two runs of one request (batches of other sizes round differently):
+            // the request with `user` must match one of its neighbours without it.
+            let before = text_of(&c.target.chat(&chat_body("Hello", 8))?)?;
             let got = text_of(&c.target.chat(&chat_with("user", json!("user-1234")))?)?;
-            let base = text_of(&c.target.chat(&chat_body("Hello", 8))?)?;
-            ev.put("texts", json!([plain, got, base]));
-            ensure_eq!("text with user", got, base);
+            let after = text_of(&c.target.chat(&chat_body("Hello", 8))?)?;
+            ev.put(
+                "texts",
+                json!({"before": before, "with_user": got, "after": after}),
+            );
+            ensure!(
+                got == before || got == after,
+                format!("text with user = {before:?} or {after:?}"),
+                format!("text with user = {got:?}")
+            );
             Ok("ignored".into())
         },
     );
