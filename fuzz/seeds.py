@@ -192,9 +192,10 @@ def gguf():
         ("output_norm.weight", [32], 0, 32 * 4),  # F32
         ("blk.0.attn_q.weight", [32, 32], 3, 32 * 20),  # Q4_1: 20-byte blocks
     ]
-    write("gguf", "llama-tiny.gguf", build(kv, tensors))
-    write("gguf", "header-only.gguf", build(kv[:3], []))
-    write("gguf", "v2.gguf", build(kv[:1], tensors[1:2], version=2))
+    # No .gguf extension: the repository ignores *.gguf (model weights are never committed).
+    write("gguf", "llama-tiny", build(kv, tensors))
+    write("gguf", "header-only", build(kv[:3], []))
+    write("gguf", "v2", build(kv[:1], tensors[1:2], version=2))
 
 
 def ddi():
