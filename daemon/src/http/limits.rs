@@ -41,39 +41,36 @@ const REFUSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Raises the soft open-file limit to the hard one (systemd's default soft limit is 1024,
 /// its hard limit far higher); returns the soft limit now in force.
 pub fn raise_fd_limit() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim = raised;
-            }
+    let lim = nofile()?;
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct passed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(raised.rlim_cur);
         }
     }
     Ok(lim.rlim_cur)
 }
 
-/// The soft open-file limit in force.
-fn fd_limit() -> u64 {
+/// The open-file limits in force.
+fn nofile() -> std::io::Result<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the struct passed.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 1024;
+        return Err(std::io::Error::last_os_error());
     }
-    lim.rlim_cur
+    Ok(lim)
+}
+
+/// The soft open-file limit in force (1024, Linux's default, when it cannot be read).
+fn fd_limit() -> u64 {
+    nofile().map_or(1024, |l| l.rlim_cur)
 }
 
 /// The cap for `requested` (`--max-connections`) under the current fd limit: by default

@@ -305,6 +305,15 @@ async fn after_the_reboot_a_confirmed_slot_is_success_and_a_fallback_is_failure(
     assert!(fb[0].to_string().contains("came back on slot A"), "{fb:?}");
 }
 
+/// No final report has gone out yet.
+fn still_waiting(fake: &Fake) {
+    let fb = fake.feedback();
+    assert!(
+        executions(&fb).iter().all(|e| !e.starts_with("closed")),
+        "{fb:?}"
+    );
+}
+
 /// The confirmation timeout runs on the time since boot, not the wall clock: a box that
 /// booted with no RTC and had its clock stepped by NTP (here: `booted_at` ten hours "ago"
 /// on the wall clock) keeps waiting for its health check, and fails the update only once
@@ -338,23 +347,11 @@ async fn a_stepped_wall_clock_does_not_fail_an_update_awaiting_its_health_check(
     });
     // Booted B, no health mark yet, 30 s after boot: still waiting.
     t.agent.step().await;
-    assert!(
-        executions(&t.fake.feedback())
-            .iter()
-            .all(|e| !e.starts_with("closed")),
-        "{:?}",
-        t.fake.feedback()
-    );
+    still_waiting(&t.fake);
     // 500 s on: still within the timeout.
     uptime.store(530, Ordering::SeqCst);
     t.agent.step().await;
-    assert!(
-        executions(&t.fake.feedback())
-            .iter()
-            .all(|e| !e.starts_with("closed")),
-        "{:?}",
-        t.fake.feedback()
-    );
+    still_waiting(&t.fake);
     // Past it: the update failed.
     uptime.store(700, Ordering::SeqCst);
     t.agent.step().await;
