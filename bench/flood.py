@@ -28,6 +28,7 @@ import resource
 import selectors
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -190,8 +191,12 @@ def ttft(base: str, model: str) -> float:
         raise RuntimeError(f"real request got {resp.status}: {resp.read()[:300]!r}")
     first = None
     for line in resp:
-        if first is None and line.startswith(b"data: {") and b'"content"' in line:
-            first = time.monotonic() - t0
+        # The opening chunk carries the role and an empty content before any prefill; the
+        # first token is the first chunk whose content is not empty.
+        if first is None and line.startswith(b"data: {"):
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            if choices[0].get("delta", {}).get("content"):
+                first = time.monotonic() - t0
     conn.close()
     if first is None:
         raise RuntimeError("no content chunk")
@@ -279,13 +284,19 @@ def main() -> int:
         time.sleep(3)
         after_proc = proc_sample(pid)
         after = [ttft(base, model) for _ in range(args.runs)]
-        # Every socket of the flood, and of the requests, must close on its own.
-        settled = time.monotonic() + 15
+        # Every socket of the flood, and of the requests, must close on its own: within the
+        # idle timeout (5 s here) or, for a head still arriving, the header timeout (30 s).
+        settled = time.monotonic() + 35
         while time.monotonic() < settled:
             if metrics(base).get("inferloop_connections_open", 0) <= 1:
                 break
             time.sleep(0.5)
         m = metrics(base)
+        if m.get("inferloop_connections_open", 0) > 1:
+            # What the kernel still holds for the port, to tell a live peer from a count.
+            ss = subprocess.run(["ss", "-tanpo", "state", "all", f"( sport = :{port} )"],
+                                capture_output=True, text=True)
+            print(f"connections still open; ss:\n{ss.stdout}{ss.stderr}", file=sys.stderr)
     finally:
         d.stop()
 

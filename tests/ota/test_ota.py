@@ -210,6 +210,69 @@ def test_i_install_over_http(world, device):
     assert device.reboot() == "B"
 
 
+def fill(directory):
+    """Writes a filler file into `directory` until its file system has no byte left."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    probe = directory / "probe"
+    with pytest.raises(OSError):
+        probe.write_bytes(b"x" * 4096)
+    probe.unlink(missing_ok=True)
+
+
+def test_l_a_full_or_read_only_data_partition_fails_the_install_cleanly(world, device):
+    """/data full, then read-only. RAUC keeps its slot status there (data-directory=): it
+    writes the other slot, cannot record it, and fails the install. A stays primary and
+    booted, B is not bootable, and what was already on /data is unchanged. With space again
+    the same bundle installs. (The OTA agent downloads bundles to /data; that download
+    failing on a full disk is ota/tests/it/download.rs. Here the bundle lies elsewhere.)"""
+    import ota
+    data = device.w / "data"
+    a = slot_a_before(device)
+    bundle = world.bundles["good-1.1.0"]
+    device.stop_service()
+    ota.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", data])
+    kept = [data / "models/model.gguf", data / "health-passed"]
+    kept[0].parent.mkdir()
+    kept[0].write_bytes(ota.MODEL_BYTES)
+    kept[1].write_text("1.0.0\n")
+    before = [ota.sha256_file(f) for f in kept]
+    fill(data)
+
+    for how, cause in [("full", "No space left on device"), ("read-only", "Read-only file system")]:
+        if how == "read-only":
+            device.stop_service()
+            ota.run(["mount", "-o", "remount,ro", data])
+        assert device.power_on() == "A"
+        p = device.install(bundle)
+        assert p.returncode != 0, f"/data {how}: {p.stdout}"
+        assert "Error while writing status file" in p.stdout and cause in p.stdout, p.stdout
+        assert device.service.poll() is None, "the rauc service died"
+        assert device.primary() == "A" and device.boot_state("B") == "bad", device.nvb_state()
+        assert device.slot_hash("A") == a
+        assert [ota.sha256_file(f) for f in kept] == before, f"/data {how}: a kept file changed"
+        assert not list(data.glob("central.raucs*")), list(data.iterdir())
+        assert device.reboot() == "A"
+
+    device.stop_service()
+    ota.run(["mount", "-o", "remount,rw", data])
+    (data / "filler").unlink()
+    device.power_on()
+    p = device.install(bundle)
+    assert p.returncode == 0, p.stdout
+    assert device.primary() == "B"
+    img = world.images["v1.1.0"]["image"]
+    assert device.slot_hash("B", img.stat().st_size) == ota_sha(img)
+    assert (data / "central.raucs").exists()
+    assert [ota.sha256_file(f) for f in kept] == before
+
+
 def test_j_verity_bundle_info_and_extract(world, tmp_path):
     import ota
     bundle = world.bundles["verity-1.1.0"]
