@@ -27,6 +27,18 @@ VENV  := .venv
 # checkout without one buildable).
 LOCKED := $(if $(wildcard Cargo.lock),--locked,)
 
+# llama.cpp's C++ (llama-cpp-sys-2's CMake build, ~6 minutes on 2 cores) is compiled by more
+# than one build here: the workspace and the fuzz targets (fuzz/Cargo.toml builds it with the
+# same Release flags). With ccache installed CMake runs each compile through it, so the second
+# build of the same sources and flags is served from the cache. CCACHE=0 turns it off.
+CCACHE ?= 1
+ifneq ($(CCACHE),0)
+ifneq ($(shell command -v ccache 2>/dev/null),)
+export CMAKE_C_COMPILER_LAUNCHER ?= ccache
+export CMAKE_CXX_COMPILER_LAUNCHER ?= ccache
+endif
+endif
+
 # Tests load the real model; they find it through this variable.
 INFERLOOP_TEST_MODEL ?= $(abspath $(MODEL))
 export INFERLOOP_TEST_MODEL

@@ -39,6 +39,12 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     exit 1
 fi
 
+# cargo fuzz sets RUSTFLAGS, which replaces .cargo/config.toml's target-cpu: give it the same
+# one, so llama.cpp's C++ gets the workspace build's flags (and a ccache hit, see Makefile).
+if [[ -z "${RUSTFLAGS:-}" && "$(uname -m)" == x86_64 ]]; then
+    export RUSTFLAGS="-C target-cpu=x86-64-v3"
+fi
+
 mkdir -p "$out"
 start=$SECONDS
 cargo fuzz build "${flags[@]}"

@@ -16,6 +16,8 @@ set -euo pipefail
 # squashfs-tools, erofs-utils, zstd: inferloop-image packs and unpacks root filesystem images.
 APT_PACKAGES=(
     build-essential
+    # ccache: llama.cpp's C++ compiled once for the workspace and the fuzz targets (Makefile).
+    ccache
     ca-certificates
     cmake
     clang
