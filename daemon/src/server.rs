@@ -115,6 +115,7 @@ pub async fn run(
     // Raised when the drain deadline passes: open streams end with an error frame at once
     // instead of waiting for the decode thread's next step.
     let (cancel_tx, cancel_rx) = watch::channel(false);
+    let (stop_tx, mut stop_rx) = watch::channel(false);
     let app = http::router(AppState {
         config: config.clone(),
         metrics: metrics.clone(),
@@ -123,8 +124,8 @@ pub async fn run(
         boot,
         thermal: thermal.clone(),
         cancel: cancel_rx,
+        stopping: stop_rx.clone(),
     });
-    let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(
         listener,
         app,

@@ -314,6 +314,32 @@ async fn compile(
         .map_err(|e| ApiError::invalid(param, format!("`{param}` cannot be enforced: {e}")))
 }
 
+/// The token ids a generation request's prompt would feed (model check, template, tools,
+/// special tokens), without generating: the render routes ([`super::render`]).
+pub(super) async fn prompt_tokens(
+    state: &AppState,
+    req: ValidRequest,
+    shape: Shape,
+) -> Result<Vec<i32>, ApiError> {
+    let engine = state.engine()?;
+    let model_id = &engine.model().info().id;
+    if let Some(m) = req.model.as_deref() {
+        if m != model_id {
+            return Err(ApiError::model_not_found(m));
+        }
+    }
+    let fields = Fields::of(shape);
+    let (_, tokens) = tokenize(
+        &engine,
+        req.input,
+        req.tools,
+        req.parse_special,
+        fields.prompt,
+    )
+    .await?;
+    Ok(tokens)
+}
+
 /// Bounds the input by the context, then renders the chat template and tokenizes off the
 /// async runtime. The bounds come first so an oversized body is refused before any work
 /// that grows with it; if the client leaves meanwhile, the blocking work stops too.

@@ -8,6 +8,7 @@ pub mod error;
 mod generate;
 pub mod limits;
 mod page;
+mod render;
 pub mod responses;
 mod routes;
 mod sse;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub thermal: Arc<ThermalWatch>,
     /// Becomes `true` when shutdown gives up on in-flight requests.
     pub cancel: watch::Receiver<bool>,
+    /// Becomes `true` when a stop signal starts the drain: readiness turns 503 at once.
+    pub stopping: watch::Receiver<bool>,
 }
 
 impl AppState {
@@ -66,6 +69,8 @@ pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completion))
         .route("/v1/responses", post(responses::responses))
         .route("/v1/embeddings", post(embeddings::embeddings))
         // Unversioned aliases, as llama-server and vLLM accept them: same auth, same
@@ -94,6 +99,11 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/config", get(page::config))
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
+        // What vLLM serves and what routers in front of it poll (vllm-router, sglang-router):
+        // the same answer as /readyz, so a router sends no work while this box cannot take it.
+        .route("/health", get(routes::readyz))
+        // vllm-router's power_of_two policy polls it; the same figures /metrics shows.
+        .route("/get_load", get(routes::load))
         .route("/metrics", get(routes::metrics))
         .merge(v1)
         .fallback(not_found)

@@ -16,15 +16,55 @@ pub async fn healthz() -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
+/// Readiness (also `/health`): 200 only while new work would be taken. 503 while the model
+/// loads, once a stop signal started the drain, and while the board is critical (new
+/// requests are refused then), so load balancers and routers send the work elsewhere.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.engine() {
-        Ok(_) => Json(json!({ "status": "ready" })).into_response(),
-        Err(_) => (
+    let not_ready = |body: serde_json::Value, retry_after: u64| {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            Json(json!({ "status": "loading" })),
+            [(header::RETRY_AFTER, retry_after.to_string())],
+            Json(body),
         )
-            .into_response(),
+            .into_response()
+    };
+    if *state.stopping.borrow() {
+        return not_ready(json!({ "status": "draining" }), 1);
+    }
+    if state.engine().is_err() {
+        return not_ready(json!({ "status": "loading" }), 1);
+    }
+    if let Some(hot) = state.thermal.gate().refusal() {
+        let retry = super::error::OVERHEATED_RETRY_AFTER_SECS;
+        return not_ready(
+            json!({
+                "status": "overheated",
+                "celsius": hot.celsius,
+                "critical_celsius": hot.critical,
+            }),
+            retry,
+        );
+    }
+    Json(json!({ "status": "ready" })).into_response()
+}
+
+/// `GET /get_load`, as vllm-router's `power_of_two` policy reads it: `load` is the requests
+/// running and queued here (it compares boxes by it); the rest is for people. 503 while
+/// the model loads, so the router falls back to its own count.
+pub async fn load(State(state): State<AppState>) -> Response {
+    match state.engine() {
+        Ok(engine) => {
+            let load = engine.load();
+            Json(json!({
+                "load": load.active + load.queued,
+                "running": load.active,
+                "queued": load.queued,
+                "max_running": load.max_active,
+                "kv_reserved_cells": load.kv_reserved,
+            }))
+            .into_response()
+        }
+        Err(e) => e.into_response(),
     }
 }
 

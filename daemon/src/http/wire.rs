@@ -15,7 +15,9 @@ use crate::engine::{FinishReason, Timings, TokenLogprob, Usage};
 pub const FINGERPRINT: &str = concat!("inferloop-", env!("CARGO_PKG_VERSION"));
 
 /// llama-server's request fields that this server reads only to judge (its
-/// `tools/server/server-schema.cpp` and chat parameters): each generation request type
+/// `tools/server/server-schema.cpp` and chat parameters), and the SGLang fields that
+/// vllm-router writes into every request it forwards (`no_stop_trim` … `return_hidden_states`,
+/// at their defaults; its `protocols/spec.rs`): each generation request type
 /// gets them as loose `Value`s, and `llama_extensions()` lists those a request set, for
 /// `validate::extensions` to accept as no-ops or refuse by name. `json_schema`,
 /// `grammar`, `n_predict`, `repeat_penalty` and `repeat_last_n` act, and are typed fields
@@ -34,7 +36,9 @@ macro_rules! llama_extensions {
             sse_ping_interval, chat_format, chat_parser, generation_prompt,
             parse_tool_calls, reasoning_format, reasoning_budget_tokens,
             reasoning_budget_message, thinking_budget_tokens, reasoning_control,
-            chat_template_kwargs, add_generation_prompt, continue_final_message
+            chat_template_kwargs, add_generation_prompt, continue_final_message,
+            no_stop_trim, skip_special_tokens, separate_reasoning, stream_reasoning,
+            include_reasoning, return_hidden_states
         ]);
     };
     (@with $(#[$m:meta])* $name:ident { $($field:tt)* } [$($ext:ident),*]) => {

@@ -23,6 +23,7 @@ mod parity;
 mod prefix;
 mod prompt;
 mod quantize;
+mod router;
 mod spec;
 mod spec_draft;
 mod stream;

@@ -199,6 +199,15 @@ async fn critical_board_refuses_new_requests_with_503_while_running_ones_finish(
     );
     let refused_chat = d.post("/v1/chat/completions", &chat_body("hi", 4)).await;
     assert_error(refused_chat, 503, None, Some("overheated")).await;
+    // Readiness says the same, so a router or load balancer sends the work elsewhere.
+    for path in ["/readyz", "/health"] {
+        let r = d.get(path).await;
+        assert_eq!(r.status(), 503, "{path}");
+        assert_eq!(header(&r, "retry-after"), "10", "{path}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["status"], "overheated", "{path}: {v}");
+        assert_eq!(v["critical_celsius"], 90.0, "{path}: {v}");
+    }
     // A stream is refused before its headers, so it too gets a plain 503.
     let refused_stream = d.post("/v1/completions", &counting_body(4, true)).await;
     assert_error(refused_stream, 503, None, Some("overheated")).await;
@@ -218,6 +227,11 @@ async fn critical_board_refuses_new_requests_with_503_while_running_ones_finish(
 
     board.set_gpu_celsius(80.0);
     wait_reading(&d, 80.0, "hot", 1).await;
+    assert_eq!(
+        d.get("/health").await.status(),
+        200,
+        "ready again once not critical"
+    );
     let served = d.complete(&counting_body(4, false)).await;
     usage_adds_up(&served, 4);
 

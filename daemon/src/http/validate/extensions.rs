@@ -307,6 +307,40 @@ const RULES: &[Rule] = &[
         Neutral::Bool(false),
         "use `/v1/completions` with the rendered text to continue a message",
     ),
+    // SGLang's fields, which vllm-router serializes into every request it forwards, each
+    // at its default: what this server does already.
+    rule(
+        "no_stop_trim",
+        Neutral::Bool(false),
+        "a matched stop sequence is always left out of the answer, as OpenAI does",
+    ),
+    rule(
+        "skip_special_tokens",
+        Neutral::Bool(true),
+        "special tokens are never written into the answer's text",
+    ),
+    // SGLang splits reasoning out only when started with a reasoning parser; this server
+    // has none (`reasoning_format`), so either value asks for nothing here.
+    rule(
+        "separate_reasoning",
+        Neutral::Any(""),
+        "reasoning text is not split out of the answer",
+    ),
+    rule(
+        "stream_reasoning",
+        Neutral::Any(""),
+        "reasoning text is not split out of the answer",
+    ),
+    rule(
+        "include_reasoning",
+        Neutral::Bool(true),
+        "reasoning text, where a model writes any, stays in the answer's content",
+    ),
+    rule(
+        "return_hidden_states",
+        Neutral::Bool(false),
+        "hidden states are not returned; `/v1/embeddings` gives pooled ones",
+    ),
 ];
 
 /// Accepts the llama-server fields that ask for nothing; refuses the first that asks for
@@ -324,7 +358,7 @@ pub(super) fn check(set: &[(&'static str, &Value)]) -> Result<(), InvalidRequest
             return Err(InvalidRequest::field(
                 name,
                 format!(
-                    "is a llama-server field this server does not act on; only {} is \
+                    "is an extension field (llama-server, SGLang) this server does not act on; only {} is \
                      accepted, as a no-op (got {value}): {}",
                     r.neutral.describe(),
                     r.instead

@@ -183,6 +183,12 @@ const LLAMA_FIELDS: &[(&str, &str, &str)] = &[
     ("chat_template_kwargs", "{}", r#"{"enable_thinking":false}"#),
     ("add_generation_prompt", "true", "false"),
     ("continue_final_message", "false", "true"),
+    ("no_stop_trim", "false", "true"),
+    ("skip_special_tokens", "true", "false"),
+    ("separate_reasoning", "true", "null"),
+    ("stream_reasoning", "true", "null"),
+    ("include_reasoning", "true", "false"),
+    ("return_hidden_states", "false", "true"),
 ];
 
 #[test]
@@ -197,7 +203,10 @@ fn llama_server_fields_that_ask_for_nothing_are_accepted_and_the_rest_refused_by
         if other != "null" {
             let (param, msg) = message_of(chat_json(&format!(r#"{{{HELLO},"{field}":{other}}}"#)));
             assert_eq!(param, field, "{field}: {other}");
-            assert!(msg.contains("llama-server field"), "{msg}");
+            assert!(
+                msg.contains("extension field (llama-server, SGLang)"),
+                "{msg}"
+            );
             assert_eq!(
                 param_of(completion_json(&format!(
                     r#"{{"prompt":"a","{field}":{other}}}"#
