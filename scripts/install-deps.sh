@@ -29,6 +29,8 @@ APT_PACKAGES=(
     squashfs-tools
     erofs-utils
     zstd
+    # deploy/nginx/inferloop.conf is tested in a real nginx (tests/python/test_deploy_nginx.py).
+    nginx-light
     # OTA (issue 15): RAUC bundles and installs, tested with a real D-Bus service.
     rauc
     rauc-service
