@@ -1,0 +1,113 @@
+"""deploy/vllm-router as shipped: the unit's command line, expanded the way systemd expands
+it with router.env, starts the real vllm-router in front of a real daemon and answers
+through it. A flag that vllm-router does not know, or a variable router.env does not set,
+fails here rather than on a gateway.
+
+Needs vllm-router in .venv-router (`make .venv-router`); skipped without it unless
+ROUTER_REQUIRE=1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import REPO
+
+UNIT = REPO / "deploy/vllm-router/inferloop-router.service"
+ENV = REPO / "deploy/vllm-router/router.env"
+ROUTER = REPO / ".venv-router/bin/vllm-router"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them (quotes removed)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        out[key] = shlex.split(value)[0] if value.strip() else ""
+    return out
+
+
+def exec_start(unit: Path, env: dict[str, str]) -> list[str]:
+    """ExecStart= with its continuation lines joined, expanded as systemd does: `${VAR}`
+    is one argument, a bare `$VAR` is split on whitespace (and vanishes when empty)."""
+    text = unit.read_text().replace("\\\n", " ")
+    line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
+    argv = []
+    for word in shlex.split(line.removeprefix("ExecStart=")):
+        whole = re.fullmatch(r"\$(\w+)", word)
+        if whole:
+            argv += env[whole.group(1)].split()
+            continue
+        argv.append(re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], word))
+    return argv
+
+
+def test_router_env_names_every_variable_the_unit_uses():
+    env = env_file(ENV)
+    used = set(re.findall(r"\$\{?(\w+)\}?", UNIT.read_text()))
+    assert used <= set(env), used - set(env)
+    assert len(env["WORKER_URLS"].split()) == 3
+
+
+def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id, tmp_path):
+    if not ROUTER.exists():
+        reason = f"{ROUTER} missing (make .venv-router)"
+        if os.environ.get("ROUTER_REQUIRE") == "1":
+            pytest.fail(f"ROUTER_REQUIRE=1: {reason}")
+        pytest.skip(reason)
+    env = env_file(ENV)
+    port = free_port()
+    env.update(ROUTER_HOST="127.0.0.1", ROUTER_PORT=str(port), WORKER_URLS=base_url,
+               PROMETHEUS_PORT=str(free_port()))
+    argv = exec_start(UNIT, env)
+    assert argv[0] == "/opt/inferloop-router/bin/vllm-router"
+    argv[0] = str(ROUTER)
+    log = open(tmp_path / "router.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()[-3000:]
+            time.sleep(0.25)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        r = client.chat.completions.create(model=model_id, max_tokens=4, temperature=0,
+                                           messages=[{"role": "user", "content": "Say hi."}])
+        assert r.usage.completion_tokens == 4
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model_id, max_tokens=4, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "Say hi."}]) if c.choices)
+        assert text == r.choices[0].message.content
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
