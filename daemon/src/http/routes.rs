@@ -55,12 +55,14 @@ pub async fn load(State(state): State<AppState>) -> Response {
     match state.engine() {
         Ok(engine) => {
             let load = engine.load();
+            let cells = u64::from(engine.plan().kv_cells);
             Json(json!({
                 "load": load.active + load.queued,
                 "running": load.active,
                 "queued": load.queued,
                 "max_running": load.max_active,
-                "kv_reserved_cells": load.kv_reserved,
+                "kv_cells": cells,
+                "kv_free_cells": cells.saturating_sub(load.kv_reserved),
             }))
             .into_response()
         }

@@ -23,16 +23,23 @@ async fn get_load_counts_running_and_queued_requests() {
         "running",
         "queued",
         "max_running",
-        "kv_reserved_cells",
+        "kv_cells",
+        "kv_free_cells",
     ] {
         assert!(idle[key].is_u64(), "{key}: {idle}");
     }
     assert_eq!(idle["max_running"], 4, "{idle}");
+    assert_eq!(idle["kv_cells"], 4 * 1024, "{idle}");
     // A stream held open is running while its response is unread.
     let running = d.post("/v1/completions", &counting_body(200, true)).await;
     assert_eq!(running.status(), 200);
     let busy = d.get_ok("/get_load").await;
     assert!(busy["load"].as_u64() >= Some(1), "{busy}");
+    // The stream reserved its prompt and its 200 tokens.
+    assert!(
+        busy["kv_free_cells"].as_u64() <= Some(4 * 1024 - 200),
+        "{busy}"
+    );
     assert_eq!(
         busy["load"].as_u64(),
         Some(busy["running"].as_u64().unwrap_or(0) + busy["queued"].as_u64().unwrap_or(0)),
