@@ -243,7 +243,7 @@ LAN_ARGS ?=
 ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(VLLM_ROUTER_VERSION)
 # A venv that already holds the pinned version (e.g. installed by hand from the wheel) is kept.
 $(ROUTER_STAMP):
-	if ! $(ROUTER_VENV)/bin/python -m pip show vllm-router 2>/dev/null | grep -qx 'Version: $(VLLM_ROUTER_VERSION)'; then \
+	if ! $(ROUTER_VENV)/bin/python -m pip show vllm-router 2>/dev/null | grep -x 'Version: $(VLLM_ROUTER_VERSION)' >/dev/null; then \
 		$(PYTHON) -m venv $(ROUTER_VENV) && \
 		$(ROUTER_VENV)/bin/python -m pip install --disable-pip-version-check -q vllm-router==$(VLLM_ROUTER_VERSION); \
 	fi

@@ -64,6 +64,23 @@ HOT_C, CRITICAL_C = 70, 90
 POLICIES = ("round_robin", "power_of_two", "cache_aware")
 FAULTS = ("kill", "rejoin", "thermal", "drain")
 CHAT_ROUTE = "/v1/chat/completions"
+# Router settings the demo runs with (what a gateway in front of boxes should use), each
+# because the router's default broke a fault case when measured:
+# - health every second, one failure to mark unhealthy, one success to return (defaults
+#   60 s / 3 / 2: a dead box would get work for ~2 minutes);
+# - 8 attempts starting at 100 ms (~3 s in all): a retry re-runs selection without excluding
+#   the worker that failed, so cache_aware keeps picking a dead or draining box until the
+#   health check marks it; the default 5 attempts from 50 ms span ~0.4 s, less than one check;
+# - circuit breaker open for 2 s, not 60: a killed box trips it (10 connection errors in well
+#   under a second), and with 60 s the restarted box got no work for a minute and a drain of
+#   the other box left no worker at all ("No available workers").
+# --router-arg overrides any of them (the last occurrence of a flag wins).
+ROUTER_FLAGS = (
+    "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+    "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+    "--retry-max-retries", "8", "--retry-initial-backoff-ms", "100",
+    "--cb-timeout-duration-secs", "2",
+)
 
 # --- the workload (pure: tests/python/test_bench_lan.py) --------------------------------------
 
@@ -428,9 +445,7 @@ class Router:
         cmd = [
             str(args.router), "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
             "--worker-startup-check-interval", "1", "--prometheus-port", str(prom_port),
-            "--health-check-interval-secs", str(args.health_interval),
-            "--health-failure-threshold", "1", "--health-success-threshold", "1",
-            "--health-check-timeout-secs", "2", "--log-level", "warning",
+            *ROUTER_FLAGS, "--log-level", "warning",
             *args.router_arg, "--worker-urls", *workers,
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -590,8 +605,8 @@ def run_faults(args, boxes: list[Box], router: Router, prompts: list[str]) -> di
             marks["thermal"] = time.monotonic()
             hot.set_celsius(95.0)
             t_503 = wait_until(lambda: http_get(hot.url + "/health", 1.0)[0] == 503, 10, 0.05)
-            # After one more health-check interval (plus a check's time) the router has seen it.
-            time.sleep(args.health_interval + 1.0)
+            # After one more health-check interval (1 s, plus a check's time) the router has seen it.
+            time.sleep(2.0)
             marked_m = hot.metrics() or {}
             time.sleep(args.thermal_hold_s)
             end_m = hot.metrics() or {}
@@ -711,7 +726,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CI mode: fault targets judged, TTFT/hit reported only")
     p.add_argument("--base-port", type=int, default=18640, help="router; boxes take the next ports")
     p.add_argument("--prom-port", type=int, default=29140, help="router metrics, one port per policy")
-    p.add_argument("--health-interval", type=int, default=1, help="router health check, seconds")
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
     p.add_argument("--warm-s", type=float, default=3.0)
@@ -722,6 +736,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rejoin-wait-s", type=float, default=30.0)
     p.add_argument("--thermal-hold-s", type=float, default=6.0)
     p.add_argument("--drain-hold-s", type=float, default=3.0)
+    p.add_argument("--keep-logs", action="store_true", help="keep the temp dir (logs, state) after a pass")
     p.add_argument("--out", type=Path, default=REPO / "bench/results/lan.json")
     args = p.parse_args(argv)
     bad = [f for f in args.faults if f not in FAULTS]
@@ -748,6 +763,7 @@ def main(argv=None) -> int:
     report: dict[str, Any] = {
         "mode": "smoke" if args.smoke else "full",
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "router_flags": list(ROUTER_FLAGS) + args.router_arg,
         "caches": "cold per policy: boxes restarted with fresh state dirs before each policy",
         "policies": {},
     }
@@ -767,7 +783,11 @@ def main(argv=None) -> int:
         report["pass"] = ok
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {args.out}; logs under {root}")
+        if ok and not args.keep_logs:
+            shutil.rmtree(root, ignore_errors=True)  # the boxes' disk tiers: ~70 MB each
+            print(f"\nwrote {args.out}")
+        else:
+            print(f"\nwrote {args.out}; logs (daemons, routers) under {root}")
         return 0 if ok else 1
     except Exception:
         print(f"lan.py: failed; logs under {root}", file=sys.stderr)
