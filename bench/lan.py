@@ -191,30 +191,34 @@ def chat_ok_count(metrics: dict[str, float]) -> float:
 
 
 def cache_counters(metrics: dict[str, float]) -> dict[str, float]:
-    """The counters the hit rate is computed from: prompt tokens looked up, tokens reused from
-    resident KV cells, and tokens restored from the RAM/disk prompt-cache tiers."""
+    """The counters the hit rate is computed from: prompt tokens looked up, tokens that needed
+    no prefill (`inferloop_prefix_cache_hit_tokens_total`: kept in KV cells, shared from
+    another slot, or restored from the prompt cache's RAM/disk tiers, all counted there), and
+    of those the tokens restored from the tiers."""
     tiers = sum(v for k, v in metrics.items() if k.startswith("inferloop_prompt_cache_hit_tokens_total"))
     return {
         "lookup": metrics.get("inferloop_prefix_cache_lookup_tokens_total", 0.0),
-        "resident_hit": metrics.get("inferloop_prefix_cache_hit_tokens_total", 0.0),
+        "hit": metrics.get("inferloop_prefix_cache_hit_tokens_total", 0.0),
         "tier_hit": tiers,
         "prompt": metrics.get("inferloop_prompt_tokens_total", 0.0),
     }
 
 
 def hit_rates(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, float | None]:
-    """Hit rates summed over boxes between two scrapes of each box's cache_counters. A box
-    restarted in between (counters went down) counts from zero."""
-    tot = {"lookup": 0.0, "resident_hit": 0.0, "tier_hit": 0.0}
+    """Hit rates summed over boxes between two scrapes of each box's cache_counters: `total`
+    (tokens not prefilled), split into `resident` (kept or shared KV) and `from_tiers`
+    (restored). A box restarted in between (counters went down) counts from zero."""
+    tot = {"lookup": 0.0, "hit": 0.0, "tier_hit": 0.0}
     for b, a in zip(before, after):
         for k in tot:
             d = a[k] - b[k]
             tot[k] += a[k] if d < 0 else d
     if tot["lookup"] <= 0:
-        return {"resident": None, "all_tiers": None, "lookup_tokens": 0.0}
+        return {"total": None, "resident": None, "from_tiers": None, "lookup_tokens": 0.0}
     return {
-        "resident": tot["resident_hit"] / tot["lookup"],
-        "all_tiers": (tot["resident_hit"] + tot["tier_hit"]) / tot["lookup"],
+        "total": tot["hit"] / tot["lookup"],
+        "resident": (tot["hit"] - tot["tier_hit"]) / tot["lookup"],
+        "from_tiers": tot["tier_hit"] / tot["lookup"],
         "lookup_tokens": tot["lookup"],
     }
 
@@ -339,7 +343,7 @@ def judge_policies(table: dict[str, dict[str, Any]], baseline: str = "round_robi
         if not base or not row:
             continue
         bt, st = base.get("ttft_median_s"), row.get("ttft_median_s")
-        bh, sh = (base.get("hit_rate") or {}).get("all_tiers"), (row.get("hit_rate") or {}).get("all_tiers")
+        bh, sh = (base.get("hit_rate") or {}).get("total"), (row.get("hit_rate") or {}).get("total")
         ttft_ratio = st / bt if bt and st is not None else None
         hit_ratio = sh / bh if bh else (math.inf if sh else None)
         out[name] = {
@@ -393,7 +397,7 @@ class Box:
             "--port", str(self.port), "--threads", "1", "--slots", str(self.args.slots),
             "--state-dir", str(self.state), "--sysfs-root", str(self.sys),
             "--thermal-interval-ms", "200", "--hot-celsius", str(HOT_C),
-            "--critical-celsius", str(CRITICAL_C),
+            "--critical-celsius", str(CRITICAL_C), *self.args.box_arg,
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -676,12 +680,12 @@ def fmt(v, spec=".3f", none="-"):
 
 
 def print_table(table: dict[str, dict[str, Any]]) -> None:
-    print(f"\n{'policy':<14}{'TTFT med':>9}{'p95':>8}{'hit':>7}{'hit+tier':>9}{'refused':>8}{'failed':>7}"
+    print(f"\n{'policy':<14}{'TTFT med':>9}{'p95':>8}{'hit':>7}{'(tiers)':>8}{'refused':>8}{'failed':>7}"
           f"{'req/s':>7}{'tok/s':>7}  served per box")
     for name, r in table.items():
         h = r.get("hit_rate") or {}
         print(f"{name:<14}{fmt(r['ttft_median_s']):>9}{fmt(r['ttft_p95_s']):>8}"
-              f"{fmt(h.get('resident'), '.0%'):>7}{fmt(h.get('all_tiers'), '.0%'):>9}"
+              f"{fmt(h.get('total'), '.0%'):>7}{fmt(h.get('from_tiers'), '.0%'):>8}"
               f"{r['refused']:>8}{r['failed']:>7}{fmt(r['requests_per_s'], '.2f'):>7}"
               f"{fmt(r['completion_tokens_per_s'], '.1f'):>7}  {[int(x) for x in r.get('served_per_box', [])]}")
 
@@ -727,6 +731,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--base-port", type=int, default=18640, help="router; boxes take the next ports")
     p.add_argument("--prom-port", type=int, default=29140, help="router metrics, one port per policy")
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag (repeatable)")
+    p.add_argument("--box-arg", action="append", default=[],
+                   help="extra `inferloopd serve` flag (repeatable), e.g. --box-arg=--prompt-cache-ram-mb=0")
     p.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
     p.add_argument("--warm-s", type=float, default=3.0)
     p.add_argument("--kill-grace-s", type=float, default=5.0)

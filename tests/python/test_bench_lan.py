@@ -72,26 +72,29 @@ def test_parse_metrics_and_counters():
     m = lan.parse_metrics(METRICS)
     assert m["inferloop_prompt_tokens_total"] == 1200
     assert lan.chat_ok_count(m) == 7
-    assert lan.cache_counters(m) == {"lookup": 1000, "resident_hit": 400, "tier_hit": 150, "prompt": 1200}
+    assert lan.cache_counters(m) == {"lookup": 1000, "hit": 400, "tier_hit": 150, "prompt": 1200}
     assert not any(k.startswith("#") for k in m)
     assert lan.chat_ok_count({}) == 0
 
 
 def test_hit_rates_sum_over_boxes_and_survive_a_restart():
-    before = [{"lookup": 100, "resident_hit": 10, "tier_hit": 0},
-              {"lookup": 500, "resident_hit": 300, "tier_hit": 0}]
-    # box 0 gained 900 looked up / 450 hit; box 1 restarted (counters fell): counts from zero
-    after = [{"lookup": 1000, "resident_hit": 460, "tier_hit": 0},
-             {"lookup": 100, "resident_hit": 0, "tier_hit": 50}]
+    before = [{"lookup": 100, "hit": 10, "tier_hit": 0},
+              {"lookup": 500, "hit": 300, "tier_hit": 0}]
+    # box 0 gained 900 looked up / 450 hit (50 of them restored from a tier); box 1 restarted
+    # (its counters fell): it counts from zero
+    after = [{"lookup": 1000, "hit": 460, "tier_hit": 50},
+             {"lookup": 100, "hit": 50, "tier_hit": 50}]
     h = lan.hit_rates(before, after)
     assert h["lookup_tokens"] == 1000
-    assert h["resident"] == pytest.approx(450 / 1000)
-    assert h["all_tiers"] == pytest.approx(500 / 1000)
+    assert h["total"] == pytest.approx(500 / 1000)
+    assert h["from_tiers"] == pytest.approx(100 / 1000)
+    # restored tokens are inside the daemon's hit counter already: not added twice
+    assert h["resident"] == pytest.approx(400 / 1000)
 
 
 def test_hit_rates_without_traffic_are_none_not_zero():
-    c = {"lookup": 5, "resident_hit": 1, "tier_hit": 0}
-    assert lan.hit_rates([c], [c])["resident"] is None
+    c = {"lookup": 5, "hit": 1, "tier_hit": 0}
+    assert lan.hit_rates([c], [c])["total"] is None
 
 
 def test_sse_parsing_skips_the_role_chunk():
@@ -174,7 +177,7 @@ def test_drain():
 
 
 def row(ttft, hit):
-    return {"ttft_median_s": ttft, "hit_rate": {"all_tiers": hit}}
+    return {"ttft_median_s": ttft, "hit_rate": {"total": hit}}
 
 
 def test_policy_targets():
