@@ -297,7 +297,8 @@ def summarize(results: list[Result], wall_s: float) -> dict[str, Any]:
 # --- judging (pure) ------------------------------------------------------------------------------
 
 
-def judge_kill(results: list[Result], t_kill: float, in_flight: int, grace_s: float, t_end: float) -> dict[str, Any]:
+def judge_kill(results: list[Result], t_kill: float, in_flight: int, grace_s: float,
+               t_end: float) -> dict[str, Any]:
     """kill -9: errors ending after the kill must be <= the box's in-flight requests, and none
     may end `grace_s` or more after it (up to `t_end`, the restart)."""
     errs = [r for r in results if r.outcome != "ok" and t_kill <= r.end < t_end]
@@ -514,7 +515,8 @@ def one_request(port: int, body: dict[str, Any], timeout: float) -> Result:
                   tokens or chunks, error)
 
 
-def run_workload(port: int, prompts: list[str], schedule, max_tokens: int, timeout: float) -> tuple[list[Result], float]:
+def run_workload(port: int, prompts: list[str], schedule, max_tokens: int,
+                 timeout: float) -> tuple[list[Result], float]:
     results: list[Result] = []
     lock = threading.Lock()
 
@@ -702,7 +704,8 @@ def verdict_lines(report: dict[str, Any], smoke: bool) -> tuple[list[str], bool]
                 detail = {k: v for k, v in c.items() if k != "pass"}
                 lines.append(f"{'PASS' if passed else 'FAIL'}  {case} ({name}): {json.dumps(detail)}")
     for name, j in report["targets"].items():
-        for key, what in (("ttft_pass", "TTFT median <= 0.5x round_robin"), ("hit_pass", "hit rate >= 2x round_robin")):
+        for key, what in (("ttft_pass", "TTFT median <= 0.5x round_robin"),
+                          ("hit_pass", "hit rate >= 2x round_robin")):
             ratio = j["ttft_ratio_vs_round_robin" if key == "ttft_pass" else "hit_ratio_vs_round_robin"]
             tag = ("PASS" if j[key] else "FAIL") if not smoke else "info"
             if not smoke:
