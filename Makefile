@@ -66,6 +66,8 @@ help:
 	@echo "  bench-speed  speculative decoding (n-gram, draft model) and q8_0 KV: decode tok/s on grounded, code-edit and chat workloads vs llama-server's spec modes -> bench/results/speed.json"
 	@echo "  soak     mixed traffic for SOAK_DURATION (default 2h) at SOAK_RATE req/s (default 1): RSS, fds, threads, KV cells, queue sampled every 10 s; fails on an upward slope, no return to idle or any 5xx -> out/soak/ (series.json, summary.json, soak.svg)"
 	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
+	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
+	@echo "  lan-demo-smoke  the same with 2 boxes, round_robin and cache_aware, kill/rejoin/drain (CI; fails on a fault target)"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -229,6 +231,37 @@ soak: $(VENV)/.installed model build
 soak-smoke: $(VENV)/.installed model build
 	$(VENV)/bin/python bench/soak.py --daemon $(BIN) --model $(MODEL) --duration 5m \
 		--rate $(SOAK_RATE) --out out/soak-smoke $(SOAK_ARGS)
+
+# Boxes behind vLLM's router: bench/lan.py starts the boxes and a vllm-router per policy on
+# this machine; see docs/benchmarks.md#lan-demo. LAN_ARGS adds flags (--boxes, --policies,
+# --clients, --requests, --faults kill,rejoin,thermal,drain, --fault-policy). The router is
+# the PyPI wheel (a Python launcher around the Rust core), pinned, in its own venv.
+VLLM_ROUTER_VERSION := 0.1.17
+ROUTER_VENV := .venv-router
+LAN_ARGS ?=
+.PHONY: lan-demo lan-demo-smoke
+ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(VLLM_ROUTER_VERSION)
+# A venv that already holds the pinned version (e.g. installed by hand from the wheel) is kept.
+$(ROUTER_STAMP):
+	if ! $(ROUTER_VENV)/bin/python -m pip show vllm-router 2>/dev/null | grep -x 'Version: $(VLLM_ROUTER_VERSION)' >/dev/null; then \
+		$(PYTHON) -m venv $(ROUTER_VENV) && \
+		$(ROUTER_VENV)/bin/python -m pip install --disable-pip-version-check -q vllm-router==$(VLLM_ROUTER_VERSION); \
+	fi
+	touch $@
+
+.PHONY: router-venv
+router-venv: $(ROUTER_STAMP)
+
+lan-demo: $(ROUTER_STAMP) model build
+	python3 bench/lan.py --daemon $(BIN) --model $(MODEL) --router $(ROUTER_VENV)/bin/vllm-router $(LAN_ARGS)
+
+# Two boxes, round_robin and cache_aware, the kill, rejoin and drain cases under load; exits
+# non-zero when a fault target fails (TTFT and hit rate are printed, not judged). ~2 minutes.
+lan-demo-smoke: $(ROUTER_STAMP) model build
+	python3 bench/lan.py --smoke --boxes 2 --policies round_robin cache_aware --clients 4 \
+		--requests 4 --faults kill,rejoin,drain --kill-hold-s 10 \
+		--daemon $(BIN) --model $(MODEL) --router $(ROUTER_VENV)/bin/vllm-router \
+		--out bench/results/lan-smoke.json $(LAN_ARGS)
 
 # bench/prefix.py's plumbing against a stand-in daemon (bench/prefix_fake.py): seconds, no model.
 bench-prefix-smoke:
