@@ -23,6 +23,11 @@ BENCH_ARGS ?=
 
 BIN   := target/release/inferloopd
 VENV  := .venv
+# vLLM's router (PyPI wheel: a Python launcher around its Rust core), pinned, in a venv of its
+# own: deploy/vllm-router's test (make pytest) and make lan-demo run it.
+VLLM_ROUTER_VERSION := 0.1.17
+ROUTER_VENV := .venv-router
+ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(VLLM_ROUTER_VERSION)
 # --locked only once Cargo.lock exists (it is committed; this keeps a fresh
 # checkout without one buildable).
 LOCKED := $(if $(wildcard Cargo.lock),--locked,)
@@ -168,7 +173,7 @@ codex-cli: $(CODEX_BIN)
 $(CODEX_BIN):
 	npm install --no-audit --no-fund --prefix $(CODEX_DIR) @openai/codex@$(CODEX_VERSION)
 
-pytest: $(VENV)/.installed model build
+pytest: $(VENV)/.installed $(ROUTER_STAMP) model build
 	-$(MAKE) --no-print-directory codex-cli
 	CODEX_BIN=$(abspath $(CODEX_BIN)) INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q -rs --durations=12 tests/python
 
@@ -233,14 +238,11 @@ soak-smoke: $(VENV)/.installed model build
 		--rate $(SOAK_RATE) --out out/soak-smoke $(SOAK_ARGS)
 
 # Boxes behind vLLM's router: bench/lan.py starts the boxes and a vllm-router per policy on
-# this machine; see docs/benchmarks.md#lan-demo. LAN_ARGS adds flags (--boxes, --policies,
+# this machine; see docs/benchmarks.md#boxes-behind-a-router-make-lan-demo. LAN_ARGS adds flags (--boxes, --policies,
 # --clients, --requests, --faults kill,rejoin,thermal,drain, --fault-policy). The router is
 # the PyPI wheel (a Python launcher around the Rust core), pinned, in its own venv.
-VLLM_ROUTER_VERSION := 0.1.17
-ROUTER_VENV := .venv-router
 LAN_ARGS ?=
 .PHONY: lan-demo lan-demo-smoke
-ROUTER_STAMP := $(ROUTER_VENV)/.installed-$(VLLM_ROUTER_VERSION)
 # A venv that already holds the pinned version (e.g. installed by hand from the wheel) is kept.
 $(ROUTER_STAMP):
 	if ! $(ROUTER_VENV)/bin/python -m pip show vllm-router 2>/dev/null | grep -x 'Version: $(VLLM_ROUTER_VERSION)' >/dev/null; then \

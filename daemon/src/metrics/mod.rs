@@ -309,7 +309,7 @@ impl Metrics {
         );
         r.register(
             "inferloop_prefix_cache_hit_tokens",
-            "Prompt tokens reused from resident KV cells instead of being recomputed",
+            "Prompt tokens not recomputed: reused from resident KV cells or restored from the prompt cache's RAM and disk tiers",
             self.prefix_hit_tokens_total.clone(),
         );
         r.register(
@@ -511,7 +511,7 @@ inferloop_cancelled_total 1
 # HELP inferloop_prefix_cache_lookup_tokens_total Prompt tokens of admitted requests looked up in the prefix cache.
 # TYPE inferloop_prefix_cache_lookup_tokens_total counter
 inferloop_prefix_cache_lookup_tokens_total 0
-# HELP inferloop_prefix_cache_hit_tokens_total Prompt tokens reused from resident KV cells instead of being recomputed.
+# HELP inferloop_prefix_cache_hit_tokens_total Prompt tokens not recomputed: reused from resident KV cells or restored from the prompt cache's RAM and disk tiers.
 # TYPE inferloop_prefix_cache_hit_tokens_total counter
 inferloop_prefix_cache_hit_tokens_total 0
 # HELP inferloop_prefix_cache_retained_cells KV cells that idle slots keep for prompt reuse.
