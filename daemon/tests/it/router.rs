@@ -30,14 +30,22 @@ async fn get_load_counts_running_and_queued_requests() {
     }
     assert_eq!(idle["max_running"], 4, "{idle}");
     assert_eq!(idle["kv_cells"], 4 * 1024, "{idle}");
-    // A stream held open is running while its response is unread.
-    let running = d.post("/v1/completions", &counting_body(200, true)).await;
+    // A long stream is running while its response is unread. The figures are the decode
+    // thread's, published once a step: poll until its admission shows.
+    let running = d.post("/v1/completions", &counting_body(600, true)).await;
     assert_eq!(running.status(), 200);
-    let busy = d.get_ok("/get_load").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let busy = loop {
+        let v = d.get_ok("/get_load").await;
+        if v["load"].as_u64() >= Some(1) || std::time::Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(busy["load"].as_u64() >= Some(1), "{busy}");
-    // The stream reserved its prompt and its 200 tokens.
+    // The stream reserved its prompt and its 600 tokens.
     assert!(
-        busy["kv_free_cells"].as_u64() <= Some(4 * 1024 - 200),
+        busy["kv_free_cells"].as_u64() <= Some(4 * 1024 - 600),
         "{busy}"
     );
     assert_eq!(
