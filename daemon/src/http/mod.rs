@@ -330,11 +330,17 @@ pub async fn serve(
                             tracing::debug!(%peer, error = %e, "connection ended with error");
                         }
                     };
+                    // Counted before the select drops the connection: a peer that sees
+                    // the close and then scrapes /metrics finds it counted.
+                    let expired = async {
+                        let expiry = peer_state.expired(read_timeout, idle_timeout).await;
+                        series.closed(expiry.label());
+                        expiry
+                    };
                     tokio::select! {
                         () = serve => {},
-                        expiry = peer_state.expired(read_timeout, idle_timeout) => {
+                        expiry = expired => {
                             tracing::debug!(%peer, reason = expiry.label(), "connection closed");
-                            series.closed(expiry.label());
                         }
                         _ = closed.wait_for(|c| match c {
                             Close::None => false,
