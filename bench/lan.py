@@ -55,6 +55,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+# The same Prometheus text parser as the soak's (bench/ is this script's directory).
+from soak import parse_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
 THERMAL_FIXTURE = REPO / "thermal/tests/fixtures/x86/sys"
@@ -166,23 +169,6 @@ def chat_body(system: str, question: str, max_tokens: int) -> dict[str, Any]:
 
 
 # --- parsing (pure) ------------------------------------------------------------------------------
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format to {"name{labels}": value}; comments and bad lines skipped."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if not key:
-            continue
-        try:
-            out[key] = float(value)
-        except ValueError:
-            continue
-    return out
 
 
 def chat_ok_count(metrics: dict[str, float]) -> float:

@@ -30,11 +30,7 @@ use crate::tools::{Format, ToolUse};
 
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let received_at = Instant::now();
-    let parsed = read_body(&state, &headers, body).await.and_then(|b| {
-        let wire = validate::parse_json(&b)?;
-        Ok(validate::chat(wire)?)
-    });
-    match parsed {
+    match read_request(&state, &headers, body, Shape::Chat).await {
         Ok(req) => run(state, req, Shape::Chat, received_at).await,
         Err(e) => e.into_response(),
     }
@@ -42,14 +38,25 @@ pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body)
 
 pub async fn completion(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let received_at = Instant::now();
-    let parsed = read_body(&state, &headers, body).await.and_then(|b| {
-        let wire = validate::parse_json(&b)?;
-        Ok(validate::completion(wire)?)
-    });
-    match parsed {
+    match read_request(&state, &headers, body, Shape::Completion).await {
         Ok(req) => run(state, req, Shape::Completion, received_at).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// Reads and validates a chat or completion body: the generation routes and their render
+/// routes ([`super::render`]) take exactly the same requests.
+pub(super) async fn read_request(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    shape: Shape,
+) -> Result<ValidRequest, ApiError> {
+    let bytes = read_body(state, headers, body).await?;
+    Ok(match shape {
+        Shape::Chat => validate::chat(validate::parse_json(&bytes)?)?,
+        Shape::Completion => validate::completion(validate::parse_json(&bytes)?)?,
+    })
 }
 
 /// Reads the whole body within the size limit and the read timeout.
@@ -143,12 +150,7 @@ pub(super) async fn submit(
             ),
         ));
     }
-    let model_id = engine.model().info().id.clone();
-    if let Some(m) = req.model.as_deref() {
-        if m != model_id {
-            return Err(ApiError::model_not_found(m));
-        }
-    }
+    let model_id = served_model(&engine, req.model.as_deref())?;
     validate::check_vocab(&req.sampling, engine.model().info().n_vocab)?;
     let mut req = req;
     let tool_format = engine.model().tool_format();
@@ -314,6 +316,15 @@ async fn compile(
         .map_err(|e| ApiError::invalid(param, format!("`{param}` cannot be enforced: {e}")))
 }
 
+/// The id of the model this server serves; a request naming another is a 404.
+fn served_model(engine: &Engine, asked: Option<&str>) -> Result<String, ApiError> {
+    let id = &engine.model().info().id;
+    match asked {
+        Some(m) if m != id => Err(ApiError::model_not_found(m)),
+        _ => Ok(id.clone()),
+    }
+}
+
 /// The token ids a generation request's prompt would feed (model check, template, tools,
 /// special tokens), without generating: the render routes ([`super::render`]).
 pub(super) async fn prompt_tokens(
@@ -322,12 +333,7 @@ pub(super) async fn prompt_tokens(
     shape: Shape,
 ) -> Result<Vec<i32>, ApiError> {
     let engine = state.engine()?;
-    let model_id = &engine.model().info().id;
-    if let Some(m) = req.model.as_deref() {
-        if m != model_id {
-            return Err(ApiError::model_not_found(m));
-        }
-    }
+    served_model(&engine, req.model.as_deref())?;
     let fields = Fields::of(shape);
     let (_, tokens) = tokenize(
         &engine,

@@ -11,35 +11,22 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::generate::{prompt_tokens, read_body};
+use super::generate::{prompt_tokens, read_request};
 use super::sse::Shape;
-use super::validate;
 use super::AppState;
 
 /// The chat request's prompt tokens: `{"token_ids": [id, …]}`.
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let parsed = read_body(&state, &headers, body).await.and_then(|b| {
-        let wire = validate::parse_json(&b)?;
-        Ok(validate::chat(wire)?)
-    });
-    answer(&state, parsed, Shape::Chat).await
+    answer(&state, &headers, body, Shape::Chat).await
 }
 
 /// The completion request's prompt tokens: `{"token_ids": [id, …]}`.
 pub async fn completion(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let parsed = read_body(&state, &headers, body).await.and_then(|b| {
-        let wire = validate::parse_json(&b)?;
-        Ok(validate::completion(wire)?)
-    });
-    answer(&state, parsed, Shape::Completion).await
+    answer(&state, &headers, body, Shape::Completion).await
 }
 
-async fn answer(
-    state: &AppState,
-    parsed: Result<validate::ValidRequest, super::error::ApiError>,
-    shape: Shape,
-) -> Response {
-    let tokens = match parsed {
+async fn answer(state: &AppState, headers: &HeaderMap, body: Body, shape: Shape) -> Response {
+    let tokens = match read_request(state, headers, body, shape).await {
         Ok(req) => prompt_tokens(state, req, shape).await,
         Err(e) => Err(e),
     };
