@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
 use crate::admission::{Admission, AdmissionConfig, ThermalState};
@@ -74,31 +73,71 @@ pub struct Sampler {
     latest: watch::Receiver<Option<Reading>>,
     history: History,
     stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
+    /// Closed when the task ends; `Ok` when it ended by itself, not in a panic.
+    finished: oneshot::Receiver<()>,
 }
 
 impl Sampler {
     /// Starts the task on the current tokio runtime; the first sample is taken at once.
     pub fn spawn(source: Box<dyn Source>, config: SamplerConfig) -> Result<Self, ThermalError> {
+        let (sampler, task) = Self::prepare(source, config)?;
+        tokio::spawn(task);
+        Ok(sampler)
+    }
+
+    /// Starts the task on a thread and a runtime of its own, whose blocking pool only it
+    /// uses. A daemon wants this: a sample every second on the daemon's shared blocking
+    /// pool wakes that pool's idle threads in turn, so none of them ever sits out its
+    /// keep-alive, and every thread a burst added (tokenizing, compiling grammars) stayed
+    /// for good (a 2-hour soak ended with 5 more threads than at idle).
+    pub fn spawn_on_own_thread(
+        source: Box<dyn Source>,
+        config: SamplerConfig,
+    ) -> Result<Self, ThermalError> {
+        let cannot = |e: std::io::Error| ThermalError::SourceFailed {
+            source_name: "sampler thread".into(),
+            message: format!("cannot start it: {e}"),
+        };
+        let (sampler, task) = Self::prepare(source, config)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .thread_name("inferloop-thermal")
+            .max_blocking_threads(1)
+            .build()
+            .map_err(cannot)?;
+        std::thread::Builder::new()
+            .name("inferloop-thermal".into())
+            .spawn(move || runtime.block_on(task))
+            .map_err(cannot)?;
+        Ok(sampler)
+    }
+
+    /// The handle and the task that samples; the task signals `finished` as it ends.
+    fn prepare(
+        source: Box<dyn Source>,
+        config: SamplerConfig,
+    ) -> Result<(Self, impl std::future::Future<Output = ()> + Send + 'static), ThermalError> {
         config.validate()?;
         let admission = config.admission.clone().map(Admission::new).transpose()?;
         let (latest_tx, latest) = watch::channel(None);
         let history: History = Arc::new(Mutex::new(VecDeque::with_capacity(config.history)));
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(run(
-            source,
-            config,
-            admission,
-            latest_tx,
-            Arc::clone(&history),
-            stopped,
-        ));
-        Ok(Sampler {
+        let (done, finished) = oneshot::channel();
+        let task = {
+            let history = Arc::clone(&history);
+            async move {
+                run(source, config, admission, latest_tx, history, stopped).await;
+                // A panic in `run` drops `done` unsent instead.
+                let _ = done.send(());
+            }
+        };
+        let sampler = Sampler {
             latest,
             history,
             stop: Some(stop),
-            task,
-        })
+            finished,
+        };
+        Ok((sampler, task))
     }
 
     /// The newest reading, `None` before the first successful sample.
@@ -132,8 +171,8 @@ impl Sampler {
             // The task may already have ended (a panicked source); nothing else to tell it.
             let _ = stop.send(());
         }
-        if let Err(e) = (&mut self.task).await {
-            tracing::warn!(error = %e, "thermal sampler task ended abnormally");
+        if (&mut self.finished).await.is_err() {
+            tracing::warn!("thermal sampler task ended abnormally");
         }
     }
 }

@@ -205,7 +205,7 @@ impl ThermalWatch {
             interval_ms = settings.interval.as_millis() as u64,
             "thermal watch started"
         );
-        let sampler = Sampler::spawn(
+        let sampler = Sampler::spawn_on_own_thread(
             source,
             SamplerConfig {
                 interval: settings.interval,

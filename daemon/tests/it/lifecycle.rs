@@ -395,3 +395,38 @@ fn sigterm_while_the_model_loads_exits_at_once() {
         d.log_tail()
     );
 }
+
+fn threads(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .expect("the daemon's /proc/PID/task")
+        .count()
+}
+
+/// Threads a burst adds (tokenizing off the async workers) end once the daemon is idle
+/// again. The thermal sampler once ran on the same blocking pool every second, which woke
+/// the idle threads in turn so none ever reached its keep-alive: a 2-hour soak ended with
+/// 5 more threads than at idle.
+#[tokio::test]
+async fn threads_a_burst_adds_end_at_idle() {
+    let d = Daemon::start(&["--slots", "1", "--ctx", "256"]);
+    let idle = threads(&d);
+    let body = json!({ "content": "hello world ".repeat(60_000) });
+    let burst = (0..10).map(|_| d.post_ok("/tokenize", &body));
+    futures::future::join_all(burst).await;
+    let busy = threads(&d);
+    assert!(
+        busy > idle,
+        "the burst added no thread ({busy} vs {idle} idle): it tests nothing"
+    );
+    // tokio's blocking threads end after 10 s idle.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = busy;
+    while now > idle && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        now = threads(&d);
+    }
+    assert!(
+        now <= idle,
+        "{now} threads 30 s after the burst, {idle} before it"
+    );
+}

@@ -213,3 +213,32 @@ fn reading_serializes_as_the_snapshot_plus_its_thermal_state() {
     assert_eq!(bare["thermal_state"], serde_json::Value::Null, "{bare}");
     assert_eq!(bare["zones"][0]["celsius"], 71.5, "{bare}");
 }
+
+/// On its own thread the sampler runs on real time: it samples, publishes, and stops.
+#[tokio::test]
+async fn a_sampler_on_its_own_thread_samples_and_stops() {
+    let fake = FakeSource::temperatures("gpu", [40.0, 41.0, 42.0]);
+    let handle = fake.handle();
+    let config = SamplerConfig {
+        interval: Duration::from_millis(20),
+        ..SamplerConfig::default()
+    };
+    let sampler = match Sampler::spawn_on_own_thread(Box::new(fake), config) {
+        Ok(sampler) => sampler,
+        Err(e) => panic!("sampler did not start: {e}"),
+    };
+    let mut rx = sampler.subscribe();
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(10), rx.changed())
+            .await
+            .expect("a snapshot within 10 s")
+            .expect("the sampler is running");
+    }
+    assert_eq!(temps_of(&sampler.history())[..3], [40.0, 41.0, 42.0]);
+    tokio::time::timeout(Duration::from_secs(10), sampler.shutdown())
+        .await
+        .expect("stopped within 10 s");
+    let taken = handle.samples();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(handle.samples(), taken, "no sample after the stop");
+}
