@@ -64,7 +64,10 @@ THERMAL_FIXTURE = REPO / "thermal/tests/fixtures/x86/sys"
 # The x86 fixture's package zone: the one the daemon reports as its hottest sensor.
 THERMAL_ZONE = "devices/virtual/thermal/thermal_zone1"
 HOT_C, CRITICAL_C = 70, 90
-POLICIES = ("round_robin", "power_of_two", "cache_aware")
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "kv_aware")
+# kv_aware routes on the boxes' published KV events: each box then runs with --kv-events on
+# its own port (the router finds it through /kv_event_sources).
+KV_EVENTS_POLICY = "kv_aware"
 FAULTS = ("kill", "rejoin", "thermal", "drain")
 CHAT_ROUTE = "/v1/chat/completions"
 # Router settings the demo runs with (what a gateway in front of boxes should use), each
@@ -320,7 +323,7 @@ def judge_drain(results: list[Result], t_term: float, t_end: float) -> dict[str,
 
 
 def judge_policies(table: dict[str, dict[str, Any]], baseline: str = "round_robin",
-                   smart: tuple[str, ...] = ("cache_aware",)) -> dict[str, Any]:
+                   smart: tuple[str, ...] = ("cache_aware", "kv_aware")) -> dict[str, Any]:
     """The issue's targets: a cache-aware policy's TTFT median <= 0.5x round-robin's and its
     hit rate >= 2x round-robin's. Missing data is a fail, not a pass."""
     out: dict[str, Any] = {}
@@ -366,8 +369,10 @@ def wait_until(pred, timeout: float, step: float = 0.1) -> float | None:
 
 
 class Box:
-    def __init__(self, idx: int, port: int, root: Path, args: argparse.Namespace):
+    def __init__(self, idx: int, port: int, root: Path, args: argparse.Namespace,
+                 kv_events_port: int | None = None):
         self.idx, self.port, self.args = idx, port, args
+        self.kv_events_port = kv_events_port
         self.url = f"http://127.0.0.1:{port}"
         self.dir = root / f"box{idx}"
         self.state = self.dir / "state"
@@ -386,6 +391,8 @@ class Box:
             "--thermal-interval-ms", "200", "--hot-celsius", str(HOT_C),
             "--critical-celsius", str(CRITICAL_C), *self.args.box_arg,
         ]
+        if self.kv_events_port:
+            cmd += ["--kv-events", f"127.0.0.1:{self.kv_events_port}"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     def ready(self) -> bool:
@@ -638,7 +645,10 @@ def run_faults(args, boxes: list[Box], router: Router, prompts: list[str]) -> di
 
 
 def run_policy(args, policy: str, i: int, root: Path, prompts, schedule, faults: bool) -> dict[str, Any]:
-    boxes = [Box(b, args.base_port + 1 + b, root / policy, args) for b in range(args.boxes)]
+    kv = policy == KV_EVENTS_POLICY
+    boxes = [Box(b, args.base_port + 1 + b, root / policy, args,
+                 kv_events_port=args.base_port + 50 + b if kv else None)
+             for b in range(args.boxes)]
     router = None
     try:
         start_boxes(boxes)
@@ -652,6 +662,9 @@ def run_policy(args, policy: str, i: int, root: Path, prompts, schedule, faults:
         row["hit_rate"] = hit_rates(before, [cache_counters(m) for m in after_m])
         row["served_per_box"] = [chat_ok_count(m) - s for m, s in zip(after_m, served_before)]
         row["error_samples"] = sorted({r.error[:160] for r in results if r.outcome != "ok"})[:5]
+        if kv:
+            # Whether the router found the prompt's blocks on a box: proof it used the events.
+            row["router_kv_lookups"] = router_kv_lookups(args.prom_port + i)
         print(f"  {policy}: {row['ok']}/{row['requests']} ok in {wall:.1f} s", flush=True)
         if faults:
             row["faults"] = run_faults(args, boxes, router, prompts)
@@ -661,6 +674,20 @@ def run_policy(args, policy: str, i: int, root: Path, prompts, schedule, faults:
             router.stop()
         for b in boxes:
             b.stop()
+
+
+def router_kv_lookups(prom_port: int) -> dict[str, float]:
+    """vllm-router's kv_aware placement lookups by result (hit, miss, missing_tokens)."""
+    status, text = http_get(f"http://127.0.0.1:{prom_port}/metrics", 2.0)
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for line in text.splitlines():
+        if line.startswith("vllm_router_kv_placement_lookups_total{"):
+            labels, _, value = line.rpartition(" ")
+            result = labels.split('result="', 1)[-1].split('"', 1)[0]
+            out[result] = out.get(result, 0.0) + float(value)
+    return out
 
 
 def fmt(v, spec=".3f", none="-"):
@@ -675,7 +702,8 @@ def print_table(table: dict[str, dict[str, Any]]) -> None:
         print(f"{name:<14}{fmt(r['ttft_median_s']):>9}{fmt(r['ttft_p95_s']):>8}"
               f"{fmt(h.get('total'), '.0%'):>7}{fmt(h.get('from_tiers'), '.0%'):>8}"
               f"{r['refused']:>8}{r['failed']:>7}{fmt(r['requests_per_s'], '.2f'):>7}"
-              f"{fmt(r['completion_tokens_per_s'], '.1f'):>7}  {[int(x) for x in r.get('served_per_box', [])]}")
+              f"{fmt(r['completion_tokens_per_s'], '.1f'):>7}  {[int(x) for x in r.get('served_per_box', [])]}"
+              + (f"  router KV lookups {r['router_kv_lookups']}" if "router_kv_lookups" in r else ""))
 
 
 def verdict_lines(report: dict[str, Any], smoke: bool) -> tuple[list[str], bool]:
@@ -715,7 +743,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=32)
     p.add_argument("--faults", type=lambda s: [x for x in s.split(",") if x] if s != "none" else [],
                    default=list(FAULTS), help="comma list of kill,rejoin,thermal,drain, or none")
-    p.add_argument("--fault-policy", default=None, help="policy the faults run under (default: the last)")
+    p.add_argument("--fault-policy", default=None, help="policy the faults run under (default: cache_aware when run, else the last)")
     p.add_argument("--smoke", action="store_true", help="CI mode: fault targets judged, TTFT/hit reported only")
     p.add_argument("--base-port", type=int, default=18640, help="router; boxes take the next ports")
     p.add_argument("--prom-port", type=int, default=29140, help="router metrics, one port per policy")
@@ -738,7 +766,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown fault case(s) {bad}; choose from {','.join(FAULTS)}")
     if args.fault_policy is None:
-        args.fault_policy = args.policies[-1]
+        # The policy deploy/vllm-router ships; else the last one named.
+        args.fault_policy = "cache_aware" if "cache_aware" in args.policies else args.policies[-1]
     elif args.fault_policy not in args.policies:
         p.error(f"--fault-policy {args.fault_policy} is not among --policies")
     if args.boxes < 2:

@@ -98,6 +98,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// HTTPS: the PEM certificate chain and its key (see [`crate::http::tls`]).
     pub tls: Option<TlsFiles>,
+    /// `--kv-events`: where to publish KV block events, and the tokens per block.
+    pub kv_events: Option<KvEventsAt>,
     pub thermal: ThermalSettings,
     /// `INFERLOOP_DEBUG_STALL_FILE` (see [`ServeLayer::debug_stall_file`]).
     pub debug_stall_file: Option<PathBuf>,
@@ -267,6 +269,29 @@ impl ServeConfig {
             (Some(_), None) => return Err(invalid("tls_key", "is needed with tls_cert")),
             (None, Some(_)) => return Err(invalid("tls_cert", "is needed with tls_key")),
         };
+        let kv_events = match (l.kv_events, l.kv_events_block_size) {
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "kv_events_block_size",
+                    "is used only with kv_events",
+                ))
+            }
+            (None, None) => None,
+            (Some(_), _) if !prefix_cache.enabled() => {
+                return Err(invalid(
+                    "kv_events",
+                    "needs prompt reuse (prefix_cache on or exact): with it off no KV block \
+                     outlives its request",
+                ))
+            }
+            (Some(addr), size) => {
+                let block_size = size.unwrap_or(crate::kv_events::DEFAULT_BLOCK_SIZE);
+                if !(1..=1024).contains(&block_size) {
+                    return Err(invalid("kv_events_block_size", "must be 1 to 1024 tokens"));
+                }
+                Some(KvEventsAt { addr, block_size })
+            }
+        };
         Ok(Self {
             model,
             model_id,
@@ -304,10 +329,18 @@ impl ServeConfig {
             idle_timeout,
             max_connections,
             tls,
+            kv_events,
             thermal,
             debug_stall_file: l.debug_stall_file,
         })
     }
+}
+
+/// Where `--kv-events` publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvEventsAt {
+    pub addr: std::net::SocketAddr,
+    pub block_size: u32,
 }
 
 /// The most MiB a memory setting may name: its bytes must fit an `i64`, so neither the shift

@@ -34,6 +34,7 @@ pub mod engine;
 pub mod exit;
 pub mod golden;
 pub mod http;
+pub mod kv_events;
 pub mod ledger;
 pub mod metrics;
 pub mod notify;

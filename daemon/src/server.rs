@@ -42,12 +42,14 @@ pub enum ServeError {
     Loader(String),
     #[error(transparent)]
     Tls(#[from] crate::http::tls::TlsError),
+    #[error(transparent)]
+    KvEvents(#[from] crate::kv_events::BindError),
 }
 
 impl ServeError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Bind { .. } | Self::Tls(_) => ExitCode::Usage,
+            Self::Bind { .. } | Self::Tls(_) | Self::KvEvents(_) => ExitCode::Usage,
             Self::Thermal(e) => e.exit_code(),
             Self::Engine(_) | Self::Loader(_) => ExitCode::ModelLoad,
         }
@@ -99,6 +101,14 @@ pub async fn run(
              the key off the wire; serve HTTPS with --tls-cert and --tls-key"
         );
     }
+    // Bound before the model loads, like the HTTP port: a taken port is a usage error.
+    let (kv_source, kv_outbox) = match config.kv_events {
+        Some(at) => {
+            let (source, outbox) = crate::kv_events::start(at.addr, at.block_size).await?;
+            (Some(source), Some(outbox))
+        }
+        None => (None, None),
+    };
 
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::default());
@@ -125,6 +135,8 @@ pub async fn run(
         thermal: thermal.clone(),
         cancel: cancel_rx,
         stopping: stop_rx.clone(),
+        kv_events: kv_source,
+        instance_id: instance_id(),
     });
     let server = tokio::spawn(http::serve(
         listener,
@@ -177,6 +189,10 @@ pub async fn run(
         load_ms = started.elapsed().as_millis() as u64,
         "ready"
     );
+    // Before any request can reach the engine: every block it will hold is published.
+    if let Some(outbox) = kv_outbox {
+        engine.publish_kv_events(outbox);
+    }
     engine_tx.send_replace(Some(engine.clone()));
     let notifier = Notifier::from_env().map(Arc::new);
     if let Some(n) = &notifier {
@@ -326,6 +342,15 @@ fn register_boot_metrics(metrics: &Metrics, boot: Arc<Passed>) {
             );
         }
     });
+}
+
+/// This run of the daemon, for a router to tell a restarted box from the one it knew: the
+/// boot time and the process id.
+fn instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("inferloopd-{}-{nanos:x}", std::process::id())
 }
 
 /// Without a manifest nothing vouches for the weights; hash them off the serving path, log

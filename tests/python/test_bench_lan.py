@@ -213,7 +213,7 @@ def test_verdict_smoke_reports_but_does_not_judge_targets():
 
 @pytest.mark.parametrize("argv", [["--faults", "kill,explode"], ["--boxes", "1"],
                                   ["--policies", "round_robin", "--fault-policy", "cache_aware"],
-                                  ["--policies", "kv_aware"]])
+                                  ["--policies", "least_tokens"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
         lan.parse_args(argv)

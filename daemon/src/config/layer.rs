@@ -95,6 +95,14 @@ pub struct ServeLayer {
     /// that holds no answer, or is refused with a 503 when every one holds an answer.
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Publish the slots' KV blocks on a ZeroMQ PUB socket at this address (`IP:PORT`), for
+    /// vllm-router's `kv_aware` policy; routers find it through `GET /kv_event_sources`.
+    /// The events carry prompt token ids in the clear: keep the port on a private network.
+    #[arg(long, value_name = "IP:PORT")]
+    pub kv_events: Option<std::net::SocketAddr>,
+    /// Tokens per published KV block (default 16, vLLM's).
+    #[arg(long)]
+    pub kv_events_block_size: Option<u32>,
     /// Manifest pinning the weights' SHA-256 and size; mismatches refuse to start (exit 3).
     /// Default: /etc/inferloop/manifest.json when that file exists (what images bake in).
     #[arg(long)]

@@ -75,6 +75,11 @@ impl Engine {
         })
     }
 
+    /// Publishes the slots' KV blocks to `outbox` from now on (`--kv-events`).
+    pub fn publish_kv_events(&self, outbox: crate::kv_events::Outbox) {
+        self.core.publish_kv_events(outbox);
+    }
+
     /// What the serving backend can do.
     pub fn capabilities(&self) -> Capabilities {
         self.selection.capabilities()

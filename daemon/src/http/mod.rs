@@ -55,6 +55,10 @@ pub struct AppState {
     pub cancel: watch::Receiver<bool>,
     /// Becomes `true` when a stop signal starts the drain: readiness turns 503 at once.
     pub stopping: watch::Receiver<bool>,
+    /// Where `--kv-events` publishes, for `/kv_event_sources`.
+    pub kv_events: Option<crate::kv_events::Source>,
+    /// This run of the daemon (`/get_server_info`).
+    pub instance_id: String,
 }
 
 impl AppState {
@@ -70,6 +74,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
         .route("/v1/chat/completions/render", post(render::chat))
+        // vllm-router's kv_aware discovery, with its --api-key.
+        .route("/get_server_info", get(routes::server_info))
+        .route("/kv_event_sources", get(routes::kv_event_sources))
         .route("/v1/completions/render", post(render::completion))
         .route("/v1/responses", post(responses::responses))
         .route("/v1/embeddings", post(embeddings::embeddings))

@@ -70,6 +70,47 @@ pub async fn load(State(state): State<AppState>) -> Response {
     }
 }
 
+/// `GET /get_server_info`, the fields vllm-router's `kv_aware` discovery reads: the model's
+/// identity (boxes serving the same weights share one block index) and the KV block size.
+pub async fn server_info(State(state): State<AppState>) -> Response {
+    let engine = match state.engine() {
+        Ok(engine) => engine,
+        Err(e) => return e.into_response(),
+    };
+    let mut info = json!({
+        "model_id": engine.model().info().id,
+        "model_path": state.config.model.display().to_string(),
+        "instance_id": state.instance_id,
+        "context_length": engine.plan().ctx,
+        "max_running_requests": engine.plan().slots,
+    });
+    if let Some(source) = &state.kv_events {
+        info["kv_block_size"] = json!(source.block_size);
+    }
+    Json(info).into_response()
+}
+
+/// `GET /kv_event_sources`: where the KV events are published, keyed by data-parallel rank
+/// (one here), in vLLM's shape. No rank without `--kv-events`: the router then routes this
+/// box on load alone.
+pub async fn kv_event_sources(State(state): State<AppState>) -> Response {
+    let Some(source) = &state.kv_events else {
+        return Json(json!({})).into_response();
+    };
+    Json(json!({
+        "0": {
+            "endpoint": source.endpoint,
+            "replay_endpoint": null,
+            "topic": "",
+            "publisher": "zmq",
+            "encoding": "msgpack",
+            "schema_version": 1,
+            "enable_kv_cache_events": true,
+        }
+    }))
+    .into_response()
+}
+
 pub async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],

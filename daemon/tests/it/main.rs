@@ -14,6 +14,7 @@ mod connections;
 mod disks;
 mod golden;
 mod input;
+mod kv_events;
 mod kv_type;
 mod lifecycle;
 mod load;

@@ -11,5 +11,7 @@ pub(crate) enum Command {
         choices: Vec<(GenerationRequest, mpsc::UnboundedSender<Event>)>,
         accepted: oneshot::Sender<Result<(), EngineError>>,
     },
+    /// Publish KV block events from now on (`--kv-events`).
+    PublishKvEvents(crate::kv_events::Outbox),
     Shutdown,
 }

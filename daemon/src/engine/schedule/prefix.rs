@@ -21,6 +21,7 @@
 //! ([`exact_cut`]).
 
 use crate::config::PrefixCache;
+use crate::kv_events::KvEvents;
 
 /// Fewer shared tokens than this are recomputed rather than copied from another slot's KV
 /// stream (a copy costs about what prefilling a few dozen tokens does), and a free slot
@@ -48,6 +49,8 @@ pub struct PrefixIndex {
     /// When each slot was last taken or released, for least-recently-used choices.
     used: Vec<u64>,
     tick: u64,
+    /// With `--kv-events`: every change to the reusable rows, told to a router.
+    events: Option<KvEvents>,
 }
 
 /// Where a prompt's reusable prefix lies.
@@ -66,6 +69,22 @@ impl PrefixIndex {
             reusable_rows: vec![0; slots],
             used: vec![0; slots],
             tick: 0,
+            events: None,
+        }
+    }
+
+    /// From now on every change to the slots' reusable rows is published; what they hold
+    /// already is published at once.
+    pub fn publish(&mut self, mut events: KvEvents) {
+        for slot in 0..self.resident.len() {
+            events.replace(slot, &self.resident[slot][..self.reusable_rows[slot]]);
+        }
+        self.events = Some(events);
+    }
+
+    fn replaced(&mut self, slot: usize) {
+        if let Some(events) = &mut self.events {
+            events.replace(slot, &self.resident[slot][..self.reusable_rows[slot]]);
         }
     }
 
@@ -129,6 +148,7 @@ impl PrefixIndex {
         self.resident[slot].extend_from_slice(tokens);
         self.reusable_rows[slot] = tokens.len();
         self.touch(slot);
+        self.replaced(slot);
     }
 
     /// A successful step fed `tokens` to the slot, right after what it held: a prompt chunk
@@ -141,6 +161,9 @@ impl PrefixIndex {
         self.resident[slot].extend_from_slice(tokens);
         if self.every_row || (contiguous && prompt && tokens.len() >= TILE_ROWS) {
             self.reusable_rows[slot] = self.resident[slot].len();
+            if let Some(events) = &mut self.events {
+                events.extend(slot, &self.resident[slot]);
+            }
         }
     }
 
@@ -158,6 +181,7 @@ impl PrefixIndex {
     pub fn clear(&mut self, slot: usize) {
         self.resident[slot].clear();
         self.reusable_rows[slot] = 0;
+        self.replaced(slot);
     }
 
     /// Prompts are fed in runs that end at multiples of the chunk and at [`tail_start`]:

@@ -182,8 +182,15 @@ impl<'v, B: Backend> Scheduler<'v, B> {
 
     /// Returns false when the loop must stop.
     pub(super) fn handle(&mut self, cmd: Command) -> bool {
-        let Command::Submit { choices, accepted } = cmd else {
-            return false;
+        let (choices, accepted) = match cmd {
+            Command::Submit { choices, accepted } => (choices, accepted),
+            Command::PublishKvEvents(outbox) => {
+                let slots = self.seqs.len();
+                self.prefix
+                    .publish(crate::kv_events::KvEvents::new(slots, outbox));
+                return true;
+            }
+            Command::Shutdown => return false,
         };
         // Critical: refuse new work here, at submit; queued and running work goes on.
         let reply = match self.thermal.refusal() {

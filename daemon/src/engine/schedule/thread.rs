@@ -182,6 +182,13 @@ impl Handle {
         Ok(receivers)
     }
 
+    /// Publishes KV block events from now on (`--kv-events`).
+    pub fn publish_kv_events(&self, outbox: crate::kv_events::Outbox) {
+        if self.tx.send(Command::PublishKvEvents(outbox)).is_err() {
+            tracing::debug!("decode thread already stopped");
+        }
+    }
+
     pub fn shutdown(&self) {
         // A send error means the thread is already gone, which is the goal.
         if self.tx.send(Command::Shutdown).is_err() {

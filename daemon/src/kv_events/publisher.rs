@@ -1,0 +1,159 @@
+//! The ZeroMQ PUB socket a router subscribes to, and the outbox the decode thread fills.
+//!
+//! The decode thread never waits on the network: it numbers each batch and hands it to a
+//! bounded queue; the socket's task encodes and sends. A batch lost anywhere (the queue
+//! full, no subscriber yet, a slow one) leaves a gap in the numbers, and on a gap the
+//! router forgets what it knew of this box and starts over from the next batch, instead of
+//! trusting a wrong picture.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use zeromq::{Socket, SocketSend, ZmqMessage};
+
+use super::blocks::{BlockLedger, KvEvent};
+use super::wire;
+
+/// Batches waiting for the socket; past this the decode thread drops them (a gap).
+const QUEUE: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot bind the KV event publisher on tcp://{addr}: {message}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    pub message: String,
+}
+
+/// What a router is told about the publisher (`/kv_event_sources`, `/get_server_info`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `tcp://*:PORT` when bound to every address: the router puts the box's host in.
+    pub endpoint: String,
+    pub block_size: u32,
+}
+
+struct Batch {
+    seq: i64,
+    events: Vec<KvEvent>,
+}
+
+/// The decode thread's end: numbers batches and queues them without waiting.
+#[derive(Debug)]
+pub struct Outbox {
+    tx: mpsc::Sender<Batch>,
+    seq: i64,
+    block_size: u32,
+    dropped: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch").field("seq", &self.seq).finish()
+    }
+}
+
+impl Outbox {
+    fn send(&mut self, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        if self.tx.try_send(Batch { seq, events }).is_err()
+            && self.dropped.fetch_add(1, Ordering::Relaxed) == 0
+        {
+            tracing::warn!("KV event queue full: batches dropped; routers will resynchronise");
+        }
+    }
+}
+
+/// Binds the PUB socket and starts its task on the current runtime.
+pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox), BindError> {
+    let mut socket = zeromq::PubSocket::new();
+    let bound = socket
+        .bind(&format!("tcp://{addr}"))
+        .await
+        .map_err(|e| BindError {
+            addr,
+            message: e.to_string(),
+        })?;
+    // The port the socket got (port 0 asks for any).
+    let port = match &bound {
+        zeromq::Endpoint::Tcp(_, port) => *port,
+        _ => addr.port(),
+    };
+    let endpoint = if addr.ip().is_unspecified() {
+        format!("tcp://*:{port}")
+    } else {
+        format!("tcp://{}", SocketAddr::new(addr.ip(), port))
+    };
+    tracing::info!(%endpoint, block_size, "publishing KV events");
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            %endpoint,
+            "KV events carry prompt token ids in the clear to any subscriber: bind them to \
+             a private interface or firewall the port"
+        );
+    }
+    let (tx, mut rx) = mpsc::channel::<Batch>(QUEUE);
+    tokio::spawn(async move {
+        while let Some(batch) = rx.recv().await {
+            let ts = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            // Frames: topic (empty), sequence number (8 bytes big-endian), payload.
+            let mut message = ZmqMessage::from(Vec::<u8>::new());
+            message.push_back(batch.seq.to_be_bytes().to_vec().into());
+            message.push_back(wire::encode(ts, &batch.events, block_size).into());
+            if let Err(e) = socket.send(message).await {
+                tracing::warn!(error = %e, seq = batch.seq, "KV event batch not sent");
+            }
+        }
+    });
+    Ok((
+        Source {
+            endpoint,
+            block_size,
+        },
+        Outbox {
+            tx,
+            seq: 0,
+            block_size,
+            dropped: Arc::new(AtomicU64::new(0)),
+        },
+    ))
+}
+
+/// The decode thread's half: the blocks each slot holds, and the outbox their changes go to.
+#[derive(Debug)]
+pub struct KvEvents {
+    ledger: BlockLedger,
+    outbox: Outbox,
+}
+
+impl KvEvents {
+    /// Starts with an `AllBlocksCleared`: a router that knew this box before it restarted
+    /// drops what it knew.
+    pub fn new(slots: usize, mut outbox: Outbox) -> Self {
+        outbox.send(vec![KvEvent::AllCleared]);
+        Self {
+            ledger: BlockLedger::new(slots, outbox.block_size as usize),
+            outbox,
+        }
+    }
+
+    /// The slot now holds `tokens` and nothing else.
+    pub fn replace(&mut self, slot: usize, tokens: &[i32]) {
+        let events = self.ledger.replace(slot, tokens);
+        self.outbox.send(events);
+    }
+
+    /// The slot's tokens grew to `tokens`.
+    pub fn extend(&mut self, slot: usize, tokens: &[i32]) {
+        let events = self.ledger.extend(slot, tokens);
+        self.outbox.send(events);
+    }
+}
