@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import REPO
+from conftest import REPO, running_daemon
 
 UNIT = REPO / "deploy/vllm-router/inferloop-router.service"
 ENV = REPO / "deploy/vllm-router/router.env"
@@ -111,3 +111,68 @@ def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id,
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def _chats_served(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith('inferloop_requests_total{route="/v1/chat/completions",code="200"}'))
+
+
+def test_kv_aware_routes_on_the_boxes_kv_events(model_id, tmp_path):
+    """Two boxes publishing KV events (--kv-events) behind the real router's kv_aware policy:
+    it discovers the publishers, indexes the blocks, and sends a repeated prompt to the box
+    that holds it (a lookup hit in its own metrics), not the other one."""
+    if not ROUTER.exists():
+        reason = f"{ROUTER} missing (make .venv-router)"
+        if os.environ.get("ROUTER_REQUIRE") == "1":
+            pytest.fail(f"ROUTER_REQUIRE=1: {reason}")
+        pytest.skip(reason)
+    kv1, kv2 = free_port(), free_port()
+    with running_daemon("--kv-events", f"127.0.0.1:{kv1}") as box1, \
+            running_daemon("--kv-events", f"127.0.0.1:{kv2}") as box2:
+        port, prom = free_port(), free_port()
+        log = open(tmp_path / "router.log", "w")
+        proc = subprocess.Popen(
+            [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--policy", "kv_aware",
+             "--worker-startup-check-interval", "1", "--prometheus-port", str(prom),
+             "--log-level", "info", "--worker-urls", box1, box2],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
+                try:
+                    with urllib.request.urlopen(url + "/readiness", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()[-3000:]
+                time.sleep(0.25)
+            # The subscribers connect as the router starts; give the subscriptions a moment.
+            time.sleep(1.0)
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            system = "You are the harbour master's assistant; answer about tides and moorings. " * 12
+            before = [_chats_served(box1), _chats_served(box2)]
+            for q in ("When is high tide?", "Where can I moor?", "Is the slipway open?"):
+                client.chat.completions.create(
+                    model=model_id, max_tokens=2, temperature=0,
+                    messages=[{"role": "system", "content": system}, {"role": "user", "content": q}])
+                time.sleep(0.5)  # the events of a prefill reach the router
+            served = [_chats_served(box1) - before[0], _chats_served(box2) - before[1]]
+            assert sorted(served) == [0, 3], f"per box {served}; router log in {tmp_path}"
+            with urllib.request.urlopen(f"http://127.0.0.1:{prom}/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            hits = sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines()
+                       if l.startswith('vllm_router_kv_placement_lookups_total{result="hit"}'))
+            assert hits >= 2, [l for l in metrics.splitlines() if "kv_" in l]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
