@@ -5,7 +5,7 @@
 //! A block is announced when the first slot comes to hold it and withdrawn when the last
 //! one lets it go: the router's view is a set per box, not a count.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 
@@ -170,6 +170,59 @@ impl BlockLedger {
     }
 }
 
+/// The blocks of a set of saved prefixes (the prompt cache's RAM tier), announced by
+/// difference: whatever the set's blocks were before and are now.
+#[derive(Debug)]
+pub struct TierLedger {
+    block_size: usize,
+    held: HashSet<BlockHash>,
+}
+
+impl TierLedger {
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size: block_size.max(1),
+            held: HashSet::new(),
+        }
+    }
+
+    /// The tier now holds `entries`: blocks no entry holds any more are removed, and each
+    /// entry with a block new to the tier is announced whole (storing a block again is a
+    /// no-op to the router).
+    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a [i32]>) -> Vec<KvEvent> {
+        let chains = BlockLedger::new(0, self.block_size);
+        let mut now = HashSet::new();
+        let mut stored = Vec::new();
+        for tokens in entries {
+            let n = tokens.len() / self.block_size;
+            let chain = chains.chain(tokens, 0, None, n);
+            if chain
+                .iter()
+                .any(|h| !self.held.contains(h) && !now.contains(h))
+            {
+                stored.push(KvEvent::Stored {
+                    hashes: chain.clone(),
+                    parent: None,
+                    tokens: tokens[..n * self.block_size]
+                        .iter()
+                        .map(|t| *t as u32)
+                        .collect(),
+                });
+            }
+            now.extend(chain);
+        }
+        let mut gone: Vec<BlockHash> = self.held.difference(&now).copied().collect();
+        gone.sort_unstable();
+        self.held = now;
+        let mut events = Vec::new();
+        if !gone.is_empty() {
+            events.push(KvEvent::Removed { hashes: gone });
+        }
+        events.extend(stored);
+        events
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +296,27 @@ mod tests {
             l.chains[1][0], l.chains[0][0],
             "the same tokens at the start"
         );
+    }
+
+    #[test]
+    fn a_tier_announces_new_entries_whole_and_removes_what_no_entry_holds() {
+        let mut t = TierLedger::new(2);
+        let a: &[i32] = &[1, 2, 3, 4, 5];
+        let b: &[i32] = &[1, 2, 7, 7];
+        let e = t.sync([a].into_iter());
+        assert_eq!(e.len(), 1);
+        assert_eq!(stored(&e[0]), (2, None, 4));
+        // b shares its first block with a: announced whole, its own block is new.
+        let e = t.sync([a, b].into_iter());
+        assert_eq!(e.len(), 1);
+        assert_eq!(stored(&e[0]), (2, None, 4));
+        assert!(t.sync([a, b].into_iter()).is_empty(), "nothing changed");
+        // a evicted: its second block goes; the shared first one stays with b.
+        let e = t.sync([b].into_iter());
+        assert_eq!(e.len(), 1);
+        assert_eq!(removed(&e[0]), 1);
+        let e = t.sync(std::iter::empty());
+        assert_eq!(removed(&e[0]), 2);
     }
 
     #[test]

@@ -7,15 +7,15 @@
 //! trusting a wrong picture.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
-use super::blocks::{BlockLedger, KvEvent};
-use super::wire;
+use super::blocks::{BlockLedger, KvEvent, TierLedger};
+use super::wire::{self, Medium};
 
 /// Batches waiting for the socket; past this the decode thread drops them (a gap).
 const QUEUE: usize = 1024;
@@ -37,14 +37,16 @@ pub struct Source {
 
 struct Batch {
     seq: i64,
+    medium: Medium,
     events: Vec<KvEvent>,
 }
 
-/// The decode thread's end: numbers batches and queues them without waiting.
-#[derive(Debug)]
+/// The decode thread's end: numbers batches and queues them without waiting. Clones share
+/// the numbering; all of them are used from the decode thread, so numbers go out in order.
+#[derive(Debug, Clone)]
 pub struct Outbox {
     tx: mpsc::Sender<Batch>,
-    seq: i64,
+    seq: Arc<AtomicI64>,
     block_size: u32,
     dropped: Arc<AtomicU64>,
 }
@@ -56,13 +58,19 @@ impl std::fmt::Debug for Batch {
 }
 
 impl Outbox {
-    fn send(&mut self, events: Vec<KvEvent>) {
+    fn send(&mut self, medium: Medium, events: Vec<KvEvent>) {
         if events.is_empty() {
             return;
         }
-        let seq = self.seq;
-        self.seq += 1;
-        if self.tx.try_send(Batch { seq, events }).is_err()
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        if self
+            .tx
+            .try_send(Batch {
+                seq,
+                medium,
+                events,
+            })
+            .is_err()
             && self.dropped.fetch_add(1, Ordering::Relaxed) == 0
         {
             tracing::warn!("KV event queue full: batches dropped; routers will resynchronise");
@@ -107,7 +115,7 @@ pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox)
             // Frames: topic (empty), sequence number (8 bytes big-endian), payload.
             let mut message = ZmqMessage::from(Vec::<u8>::new());
             message.push_back(batch.seq.to_be_bytes().to_vec().into());
-            message.push_back(wire::encode(ts, &batch.events, block_size).into());
+            message.push_back(wire::encode(ts, &batch.events, block_size, batch.medium).into());
             if let Err(e) = socket.send(message).await {
                 tracing::warn!(error = %e, seq = batch.seq, "KV event batch not sent");
             }
@@ -120,7 +128,7 @@ pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox)
         },
         Outbox {
             tx,
-            seq: 0,
+            seq: Arc::new(AtomicI64::new(0)),
             block_size,
             dropped: Arc::new(AtomicU64::new(0)),
         },
@@ -138,7 +146,7 @@ impl KvEvents {
     /// Starts with an `AllBlocksCleared`: a router that knew this box before it restarted
     /// drops what it knew.
     pub fn new(slots: usize, mut outbox: Outbox) -> Self {
-        outbox.send(vec![KvEvent::AllCleared]);
+        outbox.send(Medium::Device, vec![KvEvent::AllCleared]);
         Self {
             ledger: BlockLedger::new(slots, outbox.block_size as usize),
             outbox,
@@ -148,12 +156,36 @@ impl KvEvents {
     /// The slot now holds `tokens` and nothing else.
     pub fn replace(&mut self, slot: usize, tokens: &[i32]) {
         let events = self.ledger.replace(slot, tokens);
-        self.outbox.send(events);
+        self.outbox.send(Medium::Device, events);
     }
 
     /// The slot's tokens grew to `tokens`.
     pub fn extend(&mut self, slot: usize, tokens: &[i32]) {
         let events = self.ledger.extend(slot, tokens);
-        self.outbox.send(events);
+        self.outbox.send(Medium::Device, events);
+    }
+}
+
+/// The prompt cache RAM tier's half: the prefixes it holds, published as host blocks, which
+/// vllm-router credits at `--kv-penalty-host` (a restore from RAM costs a copy, not a
+/// prefill).
+#[derive(Debug)]
+pub struct TierEvents {
+    ledger: TierLedger,
+    outbox: Outbox,
+}
+
+impl TierEvents {
+    pub fn new(outbox: Outbox) -> Self {
+        Self {
+            ledger: TierLedger::new(outbox.block_size as usize),
+            outbox,
+        }
+    }
+
+    /// The tier now holds `entries`.
+    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a [i32]>) {
+        let events = self.ledger.sync(entries);
+        self.outbox.send(Medium::Host, events);
     }
 }

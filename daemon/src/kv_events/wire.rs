@@ -1,19 +1,38 @@
 //! The events on the wire, as vLLM publishes them and vllm-router's `kv_aware` policy reads
 //! them: a msgpack array `[ts, events]`, each event a map tagged by `"type"`, block hashes as
-//! 32-byte binaries. The router accepts only blocks in the engine's own cache (`medium`
-//! `"GPU"`; here that is the slots' KV cells, on whichever device they live), and refuses a
-//! map with a key it does not know.
+//! 32-byte binaries, and a `medium` the router credits by: `"GPU"`, the engine's own cache
+//! (here the slots' KV cells, on whichever device they live), in full; `"CPU"`, a host tier it
+//! can restore from (the prompt cache's RAM tier), at `--kv-penalty-host`. The router refuses
+//! a map with a key it does not know.
 
 use rmpv::Value;
 
 use super::blocks::KvEvent;
 
-/// The cache the router credits: the engine's attention cache.
-const MEDIUM: &str = "GPU";
+/// Where a batch's blocks are, in the router's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// The slots' KV cells.
+    Device,
+    /// The prompt cache's RAM tier.
+    Host,
+}
+
+impl Medium {
+    fn label(self) -> &'static str {
+        match self {
+            Medium::Device => "GPU",
+            Medium::Host => "CPU",
+        }
+    }
+}
 
 /// One batch, encoded: `ts` is the wall-clock time in seconds (the router only logs it).
-pub fn encode(ts: f64, events: &[KvEvent], block_size: u32) -> Vec<u8> {
-    let events = events.iter().map(|e| event(e, block_size)).collect();
+pub fn encode(ts: f64, events: &[KvEvent], block_size: u32, medium: Medium) -> Vec<u8> {
+    let events = events
+        .iter()
+        .map(|e| event(e, block_size, medium.label()))
+        .collect();
     let batch = Value::Array(vec![Value::F64(ts), Value::Array(events)]);
     let mut out = Vec::new();
     // Writing to a Vec cannot fail.
@@ -34,7 +53,7 @@ fn map(pairs: Vec<(&str, Value)>) -> Value {
     )
 }
 
-fn event(e: &KvEvent, block_size: u32) -> Value {
+fn event(e: &KvEvent, block_size: u32, medium: &str) -> Value {
     match e {
         KvEvent::Stored {
             hashes: stored,
@@ -53,13 +72,13 @@ fn event(e: &KvEvent, block_size: u32) -> Value {
             ),
             ("block_size", Value::from(block_size)),
             ("lora_id", Value::Nil),
-            ("medium", Value::from(MEDIUM)),
+            ("medium", Value::from(medium)),
             ("lora_name", Value::Nil),
         ]),
         KvEvent::Removed { hashes: removed } => map(vec![
             ("type", Value::from("BlockRemoved")),
             ("block_hashes", hashes(removed)),
-            ("medium", Value::from(MEDIUM)),
+            ("medium", Value::from(medium)),
         ]),
         KvEvent::AllCleared => map(vec![("type", Value::from("AllBlocksCleared"))]),
     }
@@ -89,7 +108,7 @@ mod tests {
             },
             KvEvent::AllCleared,
         ];
-        let bytes = encode(12.5, &events, 4);
+        let bytes = encode(12.5, &events, 4, Medium::Device);
         let v = rmpv::decode::read_value(&mut &bytes[..]).expect("msgpack");
         let batch = v.as_array().expect("an array");
         assert_eq!(batch.len(), 2);
@@ -115,5 +134,11 @@ mod tests {
         assert_eq!(field(&evs[1], "type").as_str(), Some("BlockRemoved"));
         assert_eq!(evs[1].as_map().map(Vec::len), Some(3));
         assert_eq!(evs[2].as_map().map(Vec::len), Some(1));
+        let host = encode(1.0, &events[1..2], 4, Medium::Host);
+        let v = rmpv::decode::read_value(&mut &host[..]).expect("msgpack");
+        assert_eq!(
+            field(&v.as_array().expect("batch")[1][0], "medium").as_str(),
+            Some("CPU")
+        );
     }
 }

@@ -122,6 +122,8 @@ pub struct PromptStore {
     ram_metrics: Option<TierMetrics>,
     disk_metrics: Option<TierMetrics>,
     pub costs: Costs,
+    /// With `--kv-events`: the RAM tier's prefixes, told to a router.
+    events: Option<crate::kv_events::TierEvents>,
 }
 
 impl PromptStore {
@@ -132,6 +134,7 @@ impl PromptStore {
             ram_metrics: None,
             disk_metrics: None,
             costs: Costs::default(),
+            events: None,
         }
     }
 
@@ -175,11 +178,24 @@ impl PromptStore {
             ram_metrics: Some(ram_metrics),
             disk_metrics: Some(disk_metrics),
             costs: Costs::default(),
+            events: None,
         }
     }
 
     pub fn enabled(&self) -> bool {
         self.ram.enabled() || self.disk.is_some()
+    }
+
+    /// From now on the RAM tier's prefixes are published; what it holds already at once.
+    pub fn publish(&mut self, events: crate::kv_events::TierEvents) {
+        self.events = Some(events);
+        self.ram_changed();
+    }
+
+    fn ram_changed(&mut self) {
+        if let Some(events) = &mut self.events {
+            events.sync(self.ram.entries().map(|(tokens, _)| &tokens[..]));
+        }
     }
 
     /// The saved prefix sharing the most tokens with `prompt` (RAM first on a tie).
@@ -214,6 +230,7 @@ impl PromptStore {
     /// `None` when a disk entry turned out bad (dropped and counted).
     pub fn fetch(&mut self, c: &Candidate) -> Option<Saved> {
         match &c.at {
+            // A restore copies the entry; the tier still holds it.
             Found::Ram(i) => self.ram.take(*i),
             Found::Disk(name) => {
                 let (tokens, payload) = self.disk.as_ref()?.load(name)?;
@@ -242,6 +259,7 @@ impl PromptStore {
         match &c.at {
             Found::Ram(i) => {
                 self.ram.remove(*i);
+                self.ram_changed();
                 if let Some(m) = &self.ram_metrics {
                     m.dropped("restore_failed");
                     m.set_size(self.ram.bytes(), self.ram.len());
@@ -306,6 +324,7 @@ impl PromptStore {
             return;
         }
         let done = self.ram.insert(tokens, payload);
+        self.ram_changed();
         if let Some(m) = &self.ram_metrics {
             if done.stored {
                 m.saved();

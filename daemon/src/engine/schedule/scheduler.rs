@@ -186,6 +186,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             Command::Submit { choices, accepted } => (choices, accepted),
             Command::PublishKvEvents(outbox) => {
                 let slots = self.seqs.len();
+                self.store
+                    .publish(crate::kv_events::TierEvents::new(outbox.clone()));
                 self.prefix
                     .publish(crate::kv_events::KvEvents::new(slots, outbox));
                 return true;
