@@ -142,8 +142,9 @@ CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --featur
 # fuzz/ is its own workspace (it pulls in libFuzzer); linted in the main target directory,
 # where the daemon's llama.cpp is already built.
 CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
-# model-q8: the image tests compare the Orin example's pin with the file it makes.
-test: deps model model-q8
+# model-q8: the image tests compare the Orin example's pin with the file it makes;
+# router-wheels: they build a gateway image from them.
+test: deps model model-q8 router-wheels
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
@@ -253,6 +254,20 @@ $(ROUTER_STAMP):
 
 .PHONY: router-venv
 router-venv: $(ROUTER_STAMP)
+
+# The wheels a gateway image installs vllm-router from (the spec's [gateway] wheels; the
+# image tests' gateway build): vllm-router and its dependencies for this machine's
+# architecture and Python. For another box, pip download with --platform and
+# --python-version (docs/lan.md#a-gateway-image).
+ROUTER_WHEELS := out/router-wheels
+ROUTER_WHEELS_STAMP := $(ROUTER_WHEELS)/.downloaded-$(VLLM_ROUTER_VERSION)
+$(ROUTER_WHEELS_STAMP):
+	$(PYTHON) -m pip download --isolated --disable-pip-version-check -q --only-binary=:all: \
+		-d $(ROUTER_WHEELS) vllm-router==$(VLLM_ROUTER_VERSION)
+	touch $@
+
+.PHONY: router-wheels
+router-wheels: $(ROUTER_WHEELS_STAMP)
 
 lan-demo: $(ROUTER_STAMP) model build
 	python3 bench/lan.py --daemon $(BIN) --model $(MODEL) --router $(ROUTER_VENV)/bin/vllm-router $(LAN_ARGS)
