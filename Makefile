@@ -73,6 +73,7 @@ help:
 	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
 	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
 	@echo "  lan-demo-smoke  the same with 2 boxes, round_robin and cache_aware, kill/rejoin/drain (CI; fails on a fault target)"
+	@echo "  router-wheels  vllm-router $(VLLM_ROUTER_VERSION) and its dependencies as wheels in out/router-wheels (a gateway image's [gateway] wheels)"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"

@@ -551,3 +551,42 @@ fn worker_role_is_the_default_and_builds_the_same_image() {
         assert!(files.iter().any(|e| e.path == *link), "{link}");
     }
 }
+
+/// The example gateway spec, loaded where its relative paths exist: a gateway for two
+/// boxes on the VM's Debian base, python3 added to its packages.
+#[test]
+fn gateway_example_spec_routes_for_two_boxes_on_a_debian_base_with_python() {
+    let f = x86_fixture();
+    let spec_text = text(&repo().join("image/examples/qemu-virt-amd64-gateway.toml"));
+    let origin = f.path("image/examples/qemu-virt-amd64-gateway.toml");
+    std::fs::create_dir_all(f.path("image/examples")).expect("mkdir");
+    std::fs::create_dir_all(f.path("target/release")).expect("mkdir");
+    std::fs::rename(f.path("inferloopd"), f.path("target/release/inferloopd")).expect("mv");
+    for overlay in ["rootfs", "rootfs-qemu-virt"] {
+        std::os::unix::fs::symlink(repo().join(overlay), f.path(overlay)).expect("symlink");
+    }
+    std::fs::create_dir_all(f.path("out/router-wheels")).expect("mkdir");
+    write(
+        &f.path(&format!("out/router-wheels/{X86_WHEEL}")),
+        b"",
+        0o644,
+    );
+    let spec = Spec::from_toml(&spec_text, &origin).expect("example spec");
+    let gw = spec.gateway.as_ref().expect("a gateway");
+    assert_eq!(
+        gw.workers,
+        ["http://box-1.lan:8080", "http://box-2.lan:8080"]
+    );
+    assert_eq!(gw.policy.as_str(), "cache_aware");
+    assert_eq!(gw.api_key_file.as_deref(), Some("/data/etc/router-api-key"));
+    assert!(!gw.serve && spec.ota.is_none());
+    let inferloop_image::spec::Base::Debian(base) = &spec.base else {
+        panic!("a Debian base: {:?}", spec.base);
+    };
+    assert!(
+        base.packages.iter().any(|p| p == "python3"),
+        "{:?}",
+        base.packages
+    );
+    assert_eq!(base.arch, "amd64");
+}
