@@ -73,7 +73,7 @@ help:
 	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
 	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
 	@echo "  lan-demo-smoke  the same with 2 boxes, round_robin and cache_aware, kill/rejoin/drain (CI; fails on a fault target)"
-	@echo "  router-wheels  vllm-router $(VLLM_ROUTER_VERSION) and its dependencies as wheels in out/router-wheels (a gateway image's [gateway] wheels)"
+	@echo "  router-wheels  vllm-router $(VLLM_ROUTER_VERSION) and its dependencies as wheels: out/router-wheels (this machine), out/router-wheels-aarch64 (CPython 3.11) for a gateway image's [gateway] wheels"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -267,8 +267,18 @@ $(ROUTER_WHEELS_STAMP):
 		-d $(ROUTER_WHEELS) vllm-router==$(VLLM_ROUTER_VERSION)
 	touch $@
 
+# The same for an aarch64 box (Jetson Orin, Debian arm64) with CPython 3.11 and glibc 2.28 or
+# later: PyPI has vllm-router's manylinux_2_28_aarch64 wheel and every dependency's.
+ROUTER_WHEELS_ARM64 := out/router-wheels-aarch64
+ROUTER_WHEELS_ARM64_STAMP := $(ROUTER_WHEELS_ARM64)/.downloaded-$(VLLM_ROUTER_VERSION)
+$(ROUTER_WHEELS_ARM64_STAMP):
+	$(PYTHON) -m pip download --isolated --disable-pip-version-check -q --only-binary=:all: \
+		--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
+		--python-version 3.11 --implementation cp -d $(ROUTER_WHEELS_ARM64) vllm-router==$(VLLM_ROUTER_VERSION)
+	touch $@
+
 .PHONY: router-wheels
-router-wheels: $(ROUTER_WHEELS_STAMP)
+router-wheels: $(ROUTER_WHEELS_STAMP) $(ROUTER_WHEELS_ARM64_STAMP)
 
 lan-demo: $(ROUTER_STAMP) model build
 	python3 bench/lan.py --daemon $(BIN) --model $(MODEL) --router $(ROUTER_VENV)/bin/vllm-router $(LAN_ARGS)

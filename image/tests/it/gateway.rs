@@ -275,11 +275,12 @@ fn gateway_that_does_not_serve_refuses_ota() {
     Spec::load(&f.write_spec(&serving)).expect("a gateway that serves may take updates");
 }
 
-/// The wheels for this machine (`make router-wheels`), or why the build test cannot run.
-fn router_wheels(test: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("INFERLOOP_ROUTER_WHEELS")
+/// A wheels directory `make router-wheels` fills (`var` overrides it), or why the build test
+/// cannot run.
+fn router_wheels(test: &str, var: &str, default: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("out/router-wheels"));
+        .unwrap_or_else(|| repo().join(default));
     let has_router = std::fs::read_dir(&dir)
         .map(|l| {
             l.filter_map(|e| e.ok())
@@ -311,7 +312,7 @@ fn host_python_minor() -> Option<u32> {
 }
 
 /// The base's Python (a stand-in interpreter, a real-looking stdlib directory) and glibc.
-fn add_python_and_glibc(f: &Fixture, minor: u32) {
+fn add_python_and_glibc(f: &Fixture, minor: u32, arch: &str) {
     write(
         &f.path(&format!("base/usr/bin/python3.{minor}")),
         b"stand-in",
@@ -325,7 +326,7 @@ fn add_python_and_glibc(f: &Fixture, minor: u32) {
         0o644,
     );
     write(
-        &f.path("base/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        &f.path(&format!("base/usr/lib/{arch}-linux-gnu/libc.so.6")),
         b"\x7fELF...GNU C Library (Debian GLIBC 2.36-9+deb12u4) stable release version 2.36.\n",
         0o755,
     );
@@ -350,7 +351,7 @@ fn rel(p: &str) -> &str {
 fn gateway_image_holds_the_router_venv_its_unit_and_env_file() {
     const TEST: &str = "gateway_image_holds_the_router_venv_its_unit_and_env_file";
     require!(TEST, MKSQUASHFS);
-    let Some(wheels) = router_wheels(TEST) else {
+    let Some(wheels) = router_wheels(TEST, "INFERLOOP_ROUTER_WHEELS", "out/router-wheels") else {
         return;
     };
     let Some(minor) = host_python_minor() else {
@@ -358,7 +359,7 @@ fn gateway_image_holds_the_router_venv_its_unit_and_env_file() {
         return;
     };
     let f = x86_fixture();
-    add_python_and_glibc(&f, minor);
+    add_python_and_glibc(&f, minor, "x86_64");
     let gateway = format!(
         "workers = [\"http://box-1.lan:8080\", \"http://10.0.0.2:8080\"]\n\
          policy = \"power_of_two\"\nport = 9000\napi_key_file = \"/data/etc/router-api-key\"\n\
@@ -510,6 +511,62 @@ fn gateway_image_holds_the_router_venv_its_unit_and_env_file() {
         assert!(files_again.iter().any(|e| e.path == *link), "{link}");
     }
     assert!(!files_again.iter().any(|e| e.path == API_KEY_DROPIN_PATH));
+}
+
+/// The Orin case, built on any machine: an aarch64 image gets the aarch64 router and the
+/// aarch64 builds of every native dependency, for the image's Python (3.11 here).
+#[test]
+fn aarch64_gateway_image_gets_aarch64_wheels_for_its_python() {
+    const TEST: &str = "aarch64_gateway_image_gets_aarch64_wheels_for_its_python";
+    require!(TEST, MKSQUASHFS);
+    let Some(wheels) = router_wheels(
+        TEST,
+        "INFERLOOP_ROUTER_WHEELS_AARCH64",
+        "out/router-wheels-aarch64",
+    ) else {
+        return;
+    };
+    let f = Fixture::new(); // its daemon is aarch64
+    add_python_and_glibc(&f, 11, "aarch64");
+    let gateway = format!(
+        "workers = [\"http://orin-1.lan:8080\"]\nwheels = \"{}\"",
+        wheels.display()
+    );
+    let spec = Spec::load(&f.write_spec(&gateway_text(&f, "jetson-orin-nx-16gb", &gateway)))
+        .expect("spec");
+    let built = f.build(&spec, "out");
+    let root = f.path("unpacked");
+    unpack(&built, &root);
+    let site = root.join(rel(&format!(
+        "{ROUTER_PREFIX}/lib/python3.11/site-packages"
+    )));
+    let mut native = Vec::new();
+    for node in
+        inferloop_image::tree::walk(&site, inferloop_image::tree::Specials::Refuse).expect("walk")
+    {
+        let name = node.path.rsplit('/').next().unwrap_or_default().to_string();
+        if node.kind == FileKind::File && (name.ends_with(".so") || name.contains(".so.")) {
+            // The router's bundled libssl and friends sit beside its core; all are ELF.
+            assert_eq!(
+                inferloop_image::elf::check_arch(&node.abs, "aarch64-unknown-linux-gnu"),
+                Ok(()),
+                "{}",
+                node.path
+            );
+            native.push(name);
+        }
+    }
+    for want in [
+        "vllm_router_rs.abi3.so",
+        "_pydantic_core.cpython-311-aarch64-linux-gnu.so",
+    ] {
+        assert!(native.iter().any(|n| n == want), "{want} in {native:?}");
+    }
+    assert!(text(&root.join(rel(ROUTER_BIN))).starts_with("#!/opt/inferloop-router/bin/python\n"));
+    assert_eq!(
+        std::fs::read_link(root.join(rel(&format!("{ROUTER_PREFIX}/bin/python")))).expect("link"),
+        PathBuf::from("/usr/bin/python3.11")
+    );
 }
 
 /// `role = "worker"` is the default and changes nothing: the same bytes as a spec without
