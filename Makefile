@@ -144,8 +144,8 @@ CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --featur
 # where the daemon's llama.cpp is already built.
 CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
 # model-q8: the image tests compare the Orin example's pin with the file it makes;
-# router-wheels: they build a gateway image from them.
-test: deps model model-q8 router-wheels
+# router-wheels and .venv-router: they build gateway images from both.
+test: deps model model-q8 router-wheels $(ROUTER_STAMP)
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings

@@ -1,6 +1,7 @@
-//! `role = "gateway"`: vLLM's router installed into the image from wheels at build time (a
-//! venv in [`ROUTER_PREFIX`] for the image's own Python), its unit enabled and its config
-//! rendered from the spec's `[gateway]` table. Nothing is fetched on the box.
+//! `role = "gateway"`: vLLM's router installed into the image at build time (from wheels, or
+//! from a venv built beforehand, as a venv in [`ROUTER_PREFIX`] for the image's own Python),
+//! its unit enabled and its config rendered from the spec's `[gateway]` table. Nothing is
+//! fetched on the box.
 
 use std::path::{Path, PathBuf};
 
@@ -61,6 +62,8 @@ pub(crate) struct GatewayFile {
     #[serde(default)]
     wheels: Option<PathBuf>,
     #[serde(default)]
+    venv: Option<PathBuf>,
+    #[serde(default)]
     serve: bool,
 }
 
@@ -84,6 +87,16 @@ impl Policy {
     }
 }
 
+/// What the builder installs the router from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouterSource {
+    /// A directory of wheels (vllm-router and every dependency) pip installs from.
+    Wheels(PathBuf),
+    /// A venv with vllm-router installed, made beforehand for the image's architecture and
+    /// Python 3.`python`; its site-packages and scripts are copied.
+    Venv { dir: PathBuf, python: u32 },
+}
+
 /// A checked `[gateway]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayInput {
@@ -95,8 +108,8 @@ pub struct GatewayInput {
     pub port: u16,
     /// A file on the data partition holding the key the boxes require.
     pub api_key_file: Option<String>,
-    /// The wheels pip installs from (vllm-router and every dependency).
-    pub wheels: PathBuf,
+    /// Where the router comes from.
+    pub source: RouterSource,
     /// Whether this box also runs inferloopd (and is then usually one of `workers`).
     pub serve: bool,
 }
@@ -198,38 +211,146 @@ pub(crate) fn check(
         }
         None => None,
     };
-    let Some(wheels) = file.wheels else {
-        return Err(invalid(
-            "gateway.wheels",
-            format!(
-                "must name a directory of wheels (vllm-router {ROUTER_VERSION} and its \
-                 dependencies): the image is built with the router in it, nothing is fetched \
-                 on the box; `make router-wheels` fills out/router-wheels for this machine"
-            ),
-        ));
+    let source = match (file.wheels, file.venv) {
+        (Some(wheels), None) => {
+            let wheels = resolve(&wheels);
+            input_dir("gateway.wheels", &wheels, "a directory of .whl files")?;
+            check_router_wheel(&wheels, target)?;
+            RouterSource::Wheels(wheels)
+        }
+        (None, Some(venv)) => {
+            let dir = resolve(&venv);
+            input_dir("gateway.venv", &dir, "a venv directory")?;
+            let python = check_venv(&dir, target)?;
+            RouterSource::Venv { dir, python }
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "gateway",
+                "set `wheels` (a directory pip installs from) or `venv` (one built beforehand), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(invalid(
+                "gateway.wheels",
+                format!(
+                    "must name a directory of wheels (vllm-router {ROUTER_VERSION} and its \
+                     dependencies), or `venv` one built beforehand: the image is built with the \
+                     router in it, nothing is fetched on the box; `make router-wheels` fills \
+                     out/router-wheels for this machine"
+                ),
+            ))
+        }
     };
-    let wheels = resolve(&wheels);
-    let meta = std::fs::metadata(&wheels).map_err(|source| ImageError::InputMissing {
-        field: "gateway.wheels",
-        path: wheels.clone(),
-        source,
-    })?;
-    if !meta.is_dir() {
-        return Err(invalid(
-            "gateway.wheels",
-            format!("{} must be a directory of .whl files", wheels.display()),
-        ));
-    }
-    check_router_wheel(&wheels, target)?;
     Ok(GatewayInput {
         workers,
         policy,
         host,
         port,
         api_key_file,
-        wheels,
+        source,
         serve: file.serve,
     })
+}
+
+fn input_dir(field: &'static str, dir: &Path, what: &str) -> Result<(), ImageError> {
+    let meta = std::fs::metadata(dir).map_err(|source| ImageError::InputMissing {
+        field,
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("{} must be {what}", dir.display())))
+    }
+}
+
+/// A venv made beforehand: vllm-router [`ROUTER_VERSION`] installed in it for one Python 3.N
+/// (returned), its native core built for the image's architecture, and nothing taken from
+/// the Python it was made with.
+fn check_venv(dir: &Path, target: &str) -> Result<u32, ImageError> {
+    const FIELD: &str = "gateway.venv";
+    let at = dir.display();
+    let cfg = std::fs::read_to_string(dir.join("pyvenv.cfg"))
+        .map_err(|_| invalid(FIELD, format!("{at} is not a venv (no pyvenv.cfg)")))?;
+    let system = cfg.lines().any(|l| {
+        l.split_once('=')
+            .is_some_and(|(k, v)| k.trim() == "include-system-site-packages" && v.trim() == "true")
+    });
+    if system {
+        return Err(invalid(
+            FIELD,
+            format!(
+                "{at} includes its Python's system site-packages, which the image does not have; \
+                 make it without --system-site-packages"
+            ),
+        ));
+    }
+    let lib = dir.join("lib");
+    let mut minors: Vec<u32> = std::fs::read_dir(&lib)
+        .map(|l| {
+            l.filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let minor = name.strip_prefix("python3.")?.parse().ok()?;
+                lib.join(&name)
+                    .join("site-packages")
+                    .is_dir()
+                    .then_some(minor)
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    minors.sort_unstable();
+    let [python] = minors[..] else {
+        return Err(invalid(
+            FIELD,
+            format!(
+                "{at} must hold one lib/python3.N/site-packages, not {}",
+                minors.len()
+            ),
+        ));
+    };
+    let site = lib.join(format!("python3.{python}/site-packages"));
+    if !site
+        .join(format!("vllm_router-{ROUTER_VERSION}.dist-info"))
+        .is_dir()
+    {
+        let other: Vec<String> = std::fs::read_dir(&site)
+            .map(|l| {
+                l.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("vllm_router-") && n.ends_with(".dist-info"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Err(invalid(
+            FIELD,
+            if other.is_empty() {
+                format!(
+                    "{at} has no vllm-router installed (pip install vllm-router=={ROUTER_VERSION})"
+                )
+            } else {
+                format!(
+                    "{at} has {} installed; the unit's flags are checked against vllm-router {ROUTER_VERSION}",
+                    other.join(", ")
+                )
+            },
+        ));
+    }
+    let core = site.join("vllm_router_rs.abi3.so");
+    crate::elf::check_arch(&core, target).map_err(|m| {
+        invalid(
+            FIELD,
+            format!(
+                "{}: {m}; make the venv on a machine of the image's architecture, or give `wheels`",
+                core.display()
+            ),
+        )
+    })?;
+    if !dir.join("bin/vllm-router").is_file() {
+        return Err(invalid(FIELD, format!("{at} has no bin/vllm-router")));
+    }
+    Ok(python)
 }
 
 /// A worker URL as vllm-router joins paths onto it: `http(s)://host[:port]`, no path (it
@@ -305,7 +426,8 @@ fn check_router_wheel(dir: &Path, target: &str) -> Result<(), ImageError> {
     }
     let fetch = format!(
         "pip download -d {} --only-binary=:all: --platform manylinux_2_28_{arch} \
-         --python-version <the image's Python, e.g. 3.11> vllm-router=={ROUTER_VERSION}",
+         --platform manylinux2014_{arch} --python-version <the image's Python, e.g. 3.11> \
+         vllm-router=={ROUTER_VERSION}",
         dir.display()
     );
     Err(invalid(
@@ -551,52 +673,98 @@ pub fn install(
     }
     let arch = target.split('-').next().unwrap_or(target);
     let python = image_python(root)?;
-    let glibc = image_glibc(root, arch)?;
-    tracing::info!(
-        wheels = %gw.wheels.display(),
-        python = format!("3.{python}"),
-        glibc = format!("2.{glibc}"),
-        arch,
-        "installing vllm-router {ROUTER_VERSION} into {ROUTER_PREFIX}"
-    );
-    let staged = work.join("router-pip");
-    pip_install(gw, arch, python, glibc, &staged)?;
-
     let prefix = tree::join(root, ROUTER_PREFIX);
     let site = prefix.join(format!("lib/python3.{python}/site-packages"));
     tree::mkdir_p(&site)?;
     let bin = prefix.join("bin");
     tree::mkdir_p(&bin)?;
-    for entry in std::fs::read_dir(&staged).map_err(ImageError::io(&staged))? {
-        let entry = entry.map_err(ImageError::io(&staged))?;
-        if entry.file_name() == "bin" {
-            continue;
+    // Scripts to install, and how their RECORD entries name them.
+    let (scripts_from, record_prefix, only_python) = match &gw.source {
+        RouterSource::Wheels(wheels) => {
+            let glibc = image_glibc(root, arch)?;
+            tracing::info!(
+                wheels = %wheels.display(),
+                python = format!("3.{python}"),
+                glibc = format!("2.{glibc}"),
+                arch,
+                "installing vllm-router {ROUTER_VERSION} into {ROUTER_PREFIX}"
+            );
+            let staged = work.join("router-pip");
+            pip_install(wheels, arch, python, glibc, &staged)?;
+            for entry in std::fs::read_dir(&staged).map_err(ImageError::io(&staged))? {
+                let entry = entry.map_err(ImageError::io(&staged))?;
+                if entry.file_name() == "bin" {
+                    continue;
+                }
+                let dest = site.join(entry.file_name());
+                std::fs::rename(entry.path(), &dest).map_err(ImageError::io(&dest))?;
+            }
+            // pip --target puts scripts in <target>/bin beside <target>/lib/python.
+            (staged.join("bin"), "../../bin/", false)
         }
-        let dest = site.join(entry.file_name());
-        std::fs::rename(entry.path(), &dest).map_err(ImageError::io(&dest))?;
-    }
-    // pip wrote each script's shebang for the Python that ran it; on the box it is the venv's.
+        RouterSource::Venv {
+            dir,
+            python: made_for,
+        } => {
+            if *made_for != python {
+                return Err(ImageError::Gateway {
+                    message: format!(
+                        "{} is a venv for Python 3.{made_for}; the image has 3.{python}",
+                        dir.display()
+                    ),
+                });
+            }
+            tracing::info!(venv = %dir.display(), "copying vllm-router {ROUTER_VERSION} into {ROUTER_PREFIX}");
+            let from = dir.join(format!("lib/python3.{python}/site-packages"));
+            tree::copy_onto(&from, &site, tree::Modes::Git)?;
+            // Byte code of the Python the venv was made with, stamped with its files' times.
+            for node in tree::walk(&site, tree::Specials::Refuse)?.iter().rev() {
+                let name = node.path.rsplit('/').next().unwrap_or_default();
+                if node.kind == inferloop_manifest::FileKind::Dir && name == "__pycache__" {
+                    std::fs::remove_dir_all(&node.abs).map_err(ImageError::io(&node.abs))?;
+                } else if node.kind == inferloop_manifest::FileKind::File
+                    && name.ends_with(".pyc")
+                    && node.abs.exists()
+                {
+                    std::fs::remove_file(&node.abs).map_err(ImageError::io(&node.abs))?;
+                }
+            }
+            // A venv's bin also holds activate scripts and its interpreter links: not copied.
+            (dir.join("bin"), "../../../bin/", true)
+        }
+    };
+    // The scripts' shebangs name the Python that installed them; on the box it is the venv's.
     let shebang = format!("#!{ROUTER_PREFIX}/bin/python");
     let mut scripts = Vec::new();
-    let staged_bin = staged.join("bin");
-    if let Ok(listing) = std::fs::read_dir(&staged_bin) {
-        for entry in listing {
-            let entry = entry.map_err(ImageError::io(&staged_bin))?;
+    if let Ok(listing) = std::fs::read_dir(&scripts_from) {
+        let mut entries: Vec<_> = listing.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
+            let is_file = std::fs::symlink_metadata(entry.path()).is_ok_and(|m| m.is_file());
+            if !is_file {
+                continue;
+            }
             let text = std::fs::read(entry.path()).map_err(ImageError::io(entry.path()))?;
-            let body = rewrite_shebang(&text, &shebang).ok_or_else(|| ImageError::Gateway {
-                message: format!("pip wrote bin/{name} without a Python shebang"),
-            })?;
+            let body = match rewrite_shebang(&text, &shebang) {
+                Some(body) => body,
+                None if only_python => continue,
+                None => {
+                    return Err(ImageError::Gateway {
+                        message: format!("pip wrote bin/{name} without a Python shebang"),
+                    })
+                }
+            };
             tree::write_file(&bin.join(&name), &body, 0o755)?;
             scripts.push((name, body));
         }
     }
     if !bin.join("vllm-router").is_file() {
         return Err(ImageError::Gateway {
-            message: "pip installed no bin/vllm-router".into(),
+            message: "no bin/vllm-router was installed".into(),
         });
     }
-    fix_records(&site, &scripts)?;
+    fix_records(&site, &scripts, record_prefix)?;
     let python_bin = format!("/usr/bin/python3.{python}");
     for (link, to) in [
         ("python", python_bin.as_str()),
@@ -656,9 +824,9 @@ pub fn install(
 }
 
 /// `pip install --target` for the image's platform: its architecture, CPython 3.`python`,
-/// glibc 2.`glibc`, binary wheels only and from `gw.wheels` only.
+/// glibc 2.`glibc`, binary wheels only and from `wheels` only.
 fn pip_install(
-    gw: &GatewayInput,
+    wheels: &Path,
     arch: &str,
     python: u32,
     glibc: u32,
@@ -699,7 +867,7 @@ fn pip_install(
         args.push(tag);
     }
     args.push("--find-links".into());
-    args.push(gw.wheels.display().to_string());
+    args.push(wheels.display().to_string());
     args.push("--target".into());
     args.push(target.display().to_string());
     args.push(format!("vllm-router=={ROUTER_VERSION}"));
@@ -709,7 +877,7 @@ fn pip_install(
             message: format!(
                 "pip could not install vllm-router {ROUTER_VERSION} for {arch}, CPython 3.{python}, \
                  glibc 2.{glibc} from {}: {stderr}",
-                gw.wheels.display()
+                wheels.display()
             ),
         }),
         Err(other) => Err(other),
@@ -741,10 +909,9 @@ fn rewrite_shebang(text: &[u8], shebang: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// pip `--target` lays scripts out as `<target>/bin` beside `<target>/lib/python`, so the
-/// RECORDs name them `../../bin/X`; in the venv they are `../../../bin/X`, with the new
-/// shebang's hash and size.
-fn fix_records(site: &Path, scripts: &[(String, Vec<u8>)]) -> Result<(), ImageError> {
+/// The RECORDs' script entries as installed here: `../../../bin/X` from site-packages (pip
+/// `--target` wrote `../../bin/X`), with the new shebang's hash and size.
+fn fix_records(site: &Path, scripts: &[(String, Vec<u8>)], from: &str) -> Result<(), ImageError> {
     for entry in std::fs::read_dir(site).map_err(ImageError::io(site))? {
         let entry = entry.map_err(ImageError::io(site))?;
         let record = entry.path().join("RECORD");
@@ -752,13 +919,13 @@ fn fix_records(site: &Path, scripts: &[(String, Vec<u8>)]) -> Result<(), ImageEr
             continue;
         }
         let text = std::fs::read_to_string(&record).map_err(ImageError::io(&record))?;
-        if !text.contains("../../bin/") {
+        if !text.contains(from) {
             continue;
         }
         let mut out = String::with_capacity(text.len());
         for line in text.lines() {
             let script = line
-                .strip_prefix("../../bin/")
+                .strip_prefix(from)
                 .and_then(|rest| rest.split(',').next())
                 .and_then(|name| scripts.iter().find(|(n, _)| n == name));
             match script {
@@ -912,7 +1079,7 @@ mod tests {
             host: "0.0.0.0".into(),
             port: 9000,
             api_key_file: None,
-            wheels: PathBuf::from("w"),
+            source: RouterSource::Wheels(PathBuf::from("w")),
             serve: false,
         };
         let text = env_text(&gw, "1.0.0", "qemu-virt-amd64");

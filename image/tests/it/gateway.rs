@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use inferloop_image::gateway::{
-    API_KEY_DROPIN_PATH, API_KEY_LAUNCHER_PATH, DAEMON_WANTS, ENV_PATH, ROUTER_BIN, ROUTER_PREFIX,
-    ROUTER_VERSION, UNIT, UNIT_PATH, UNIT_WANTS_PATH,
+    RouterSource, API_KEY_DROPIN_PATH, API_KEY_LAUNCHER_PATH, DAEMON_WANTS, ENV_PATH, ROUTER_BIN,
+    ROUTER_PREFIX, ROUTER_VERSION, UNIT, UNIT_PATH, UNIT_WANTS_PATH,
 };
 use inferloop_image::tools::MKSQUASHFS;
 use inferloop_image::{ImageError, Spec};
@@ -76,7 +76,7 @@ fn gateway_spec_errors_name_the_field() {
         (gw.host.as_str(), gw.port, gw.serve),
         ("0.0.0.0", 8080, false)
     );
-    assert_eq!(gw.wheels, f.path("wheels"));
+    assert_eq!(gw.source, RouterSource::Wheels(f.path("wheels")));
 
     let with = |extra: &str| gateway_text(&f, "x86_64-cpu", &format!("{good}\n{extra}"));
     let cases: Vec<(String, &str, &str)> = vec![
@@ -147,7 +147,7 @@ fn gateway_spec_errors_name_the_field() {
         (
             gateway_text(&f, "x86_64-cpu", "workers = [\"http://a:1\"]"),
             "gateway.wheels",
-            "must name a directory of wheels",
+            "or `venv` one built beforehand",
         ),
         (
             gateway_text(
@@ -216,6 +216,80 @@ fn gateway_spec_errors_name_the_field() {
             matches!(spec_error(&f, &text), ImageError::SpecParse { .. }),
             "{text}"
         );
+    }
+}
+
+/// A fake venv with vllm-router's dist-info, its native core for `machine` and its script.
+fn fake_venv(f: &Fixture, name: &str, machine: u16, version: &str, cfg: &str) -> String {
+    let site = format!("{name}/lib/python3.11/site-packages");
+    write(
+        &f.path(&format!("{name}/pyvenv.cfg")),
+        cfg.as_bytes(),
+        0o644,
+    );
+    std::fs::create_dir_all(f.path(&format!("{site}/vllm_router-{version}.dist-info")))
+        .expect("mkdir");
+    write(
+        &f.path(&format!("{site}/vllm_router_rs.abi3.so")),
+        &inferloop_image::elf::fake_header(machine),
+        0o755,
+    );
+    write(
+        &f.path(&format!("{name}/bin/vllm-router")),
+        b"#!/x/bin/python\n",
+        0o755,
+    );
+    name.into()
+}
+
+#[test]
+fn gateway_venv_is_checked_before_building() {
+    let f = x86_fixture();
+    let plain = "home = /usr/bin\ninclude-system-site-packages = false\n";
+    let good = fake_venv(&f, "good", 0x3e, ROUTER_VERSION, plain);
+    let spec_for = |venv: &str| {
+        gateway_text(
+            &f,
+            "x86_64-cpu",
+            &format!("workers = [\"http://a:1\"]\nvenv = \"{venv}\""),
+        )
+    };
+    let spec = Spec::load(&f.write_spec(&spec_for(&good))).expect("a good venv");
+    assert_eq!(
+        spec.gateway.expect("gateway").source,
+        RouterSource::Venv {
+            dir: f.path("good"),
+            python: 11
+        }
+    );
+    let wheels = named_wheels(&f, &[X86_WHEEL]);
+    let both = spec_for(&good).replace("venv = ", &format!("wheels = \"{wheels}\"\nvenv = "));
+    assert_invalid(spec_error(&f, &both), "gateway", "not both");
+    std::fs::create_dir_all(f.path("not-a-venv")).expect("mkdir");
+    let cases = [
+        ("not-a-venv".to_string(), "no pyvenv.cfg"),
+        (
+            fake_venv(
+                &f,
+                "system",
+                0x3e,
+                ROUTER_VERSION,
+                "include-system-site-packages = true\n",
+            ),
+            "system site-packages",
+        ),
+        (
+            fake_venv(&f, "old", 0x3e, "0.1.16", plain),
+            "vllm_router-0.1.16.dist-info",
+        ),
+        // An aarch64 venv for this x86-64 image: the core says so.
+        (
+            fake_venv(&f, "arm", 0xb7, ROUTER_VERSION, plain),
+            "aarch64 binary",
+        ),
+    ];
+    for (venv, says) in cases {
+        assert_invalid(spec_error(&f, &spec_for(&venv)), "gateway.venv", says);
     }
 }
 
@@ -499,7 +573,11 @@ fn gateway_image_holds_the_router_venv_its_unit_and_env_file() {
     let serving =
         gateway.replace("api_key_file = \"/data/etc/router-api-key\"\n", "") + "\nserve = true";
     let spec = Spec::load(&f.write_spec(&gateway_text(&f, "x86_64-cpu", &serving))).expect("spec");
-    let again = f.build(&spec, "out-serving");
+    let no_tarball = inferloop_image::BuildOptions {
+        tarball: false,
+        ..crate::common::options()
+    };
+    let again = inferloop_image::build(&spec, &f.path("out-serving"), &no_tarball).expect("build");
     let files_again = &again.manifest.image.as_ref().expect("image").files;
     let venv_again: Vec<_> = files_again
         .iter()
@@ -511,6 +589,89 @@ fn gateway_image_holds_the_router_venv_its_unit_and_env_file() {
         assert!(files_again.iter().any(|e| e.path == *link), "{link}");
     }
     assert!(!files_again.iter().any(|e| e.path == API_KEY_DROPIN_PATH));
+}
+
+/// A venv made beforehand (`.venv-router`, which `make router-venv` makes with this
+/// machine's Python): its packages and scripts are copied into the image's venv, without byte
+/// code or activate scripts, and the router runs from there.
+#[test]
+fn gateway_image_from_a_prebuilt_venv_runs_the_router() {
+    const TEST: &str = "gateway_image_from_a_prebuilt_venv_runs_the_router";
+    require!(TEST, MKSQUASHFS);
+    let venv = std::env::var_os("INFERLOOP_ROUTER_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv-router"));
+    if !venv.join("bin/vllm-router").is_file() {
+        let why = format!(
+            "{} has no bin/vllm-router (make router-venv)",
+            venv.display()
+        );
+        if std::env::var("ROUTER_REQUIRE").as_deref() == Ok("1") {
+            panic!("{TEST}: {why}");
+        }
+        eprintln!("SKIP {TEST}: {why}");
+        return;
+    }
+    let Some(minor) = host_python_minor() else {
+        eprintln!("SKIP {TEST}: no python3 on this machine");
+        return;
+    };
+    let f = x86_fixture();
+    add_python_and_glibc(&f, minor, "x86_64");
+    let gateway = format!(
+        "workers = [\"http://box-1.lan:8080\"]\nvenv = \"{}\"",
+        venv.display()
+    );
+    let spec = Spec::load(&f.write_spec(&gateway_text(&f, "x86_64-cpu", &gateway))).expect("spec");
+    let built = f.build(&spec, "out");
+    let root = f.path("unpacked");
+    unpack(&built, &root);
+    let site = format!("{ROUTER_PREFIX}/lib/python3.{minor}/site-packages");
+    let bin = root.join(rel(ROUTER_BIN));
+    let script = text(&bin);
+    assert!(
+        script.starts_with("#!/opt/inferloop-router/bin/python\n"),
+        "{script}"
+    );
+    let files = &built.manifest.image.as_ref().expect("image").files;
+    let venv_files: Vec<&str> = files
+        .iter()
+        .filter(|e| e.path.starts_with(ROUTER_PREFIX))
+        .map(|e| e.path.as_str())
+        .collect();
+    assert!(
+        !venv_files
+            .iter()
+            .any(|p| p.ends_with(".pyc") || p.contains("__pycache__")),
+        "no byte code"
+    );
+    assert!(
+        !venv_files.iter().any(|p| p.contains("/bin/activate")),
+        "no activate scripts"
+    );
+    let record = text(&root.join(rel(&format!(
+        "{site}/vllm_router-{ROUTER_VERSION}.dist-info/RECORD"
+    ))));
+    let line = record
+        .lines()
+        .find(|l| l.starts_with("../../../bin/vllm-router,"))
+        .unwrap_or_else(|| panic!("no script entry:\n{record}"));
+    assert!(line.ends_with(&format!(",{}", script.len())), "{line}");
+    let help = Command::new("python3")
+        .arg("-S")
+        .arg(&bin)
+        .arg("--help")
+        .env("PYTHONPATH", root.join(rel(&site)))
+        .env_remove("PYTHONHOME")
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.status.success() && out.contains("--worker-urls"),
+        "{}{}",
+        out,
+        String::from_utf8_lossy(&help.stderr)
+    );
 }
 
 /// The Orin case, built on any machine: an aarch64 image gets the aarch64 router and the
