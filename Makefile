@@ -73,6 +73,7 @@ help:
 	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
 	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
 	@echo "  lan-demo-smoke  the same with 2 boxes, round_robin and cache_aware, kill/rejoin/drain (CI; fails on a fault target)"
+	@echo "  router-wheels  vllm-router $(VLLM_ROUTER_VERSION) and its dependencies as wheels: out/router-wheels (this machine), out/router-wheels-aarch64 (CPython 3.11) for a gateway image's [gateway] wheels"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
 	@echo "  cuda-sim-test  the CUDA path without a GPU: kernel tests, the daemon's CUDA pass, golden and serving on the CUDA emulator"
 	@echo "  device-check-sim  make device-bundle, then scripts/device-check.sh dry-run on the CUDA emulator (QUICK=1) -> out/device-check-sim/summary.json"
@@ -142,8 +143,9 @@ CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --featur
 # fuzz/ is its own workspace (it pulls in libFuzzer); linted in the main target directory,
 # where the daemon's llama.cpp is already built.
 CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
-# model-q8: the image tests compare the Orin example's pin with the file it makes.
-test: deps model model-q8
+# model-q8: the image tests compare the Orin example's pin with the file it makes;
+# router-wheels and .venv-router: they build gateway images from both.
+test: deps model model-q8 router-wheels $(ROUTER_STAMP)
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
@@ -253,6 +255,30 @@ $(ROUTER_STAMP):
 
 .PHONY: router-venv
 router-venv: $(ROUTER_STAMP)
+
+# The wheels a gateway image installs vllm-router from (the spec's [gateway] wheels; the
+# image tests' gateway build): vllm-router and its dependencies for this machine's
+# architecture and Python. For another box, pip download with --platform and
+# --python-version (docs/lan.md#a-gateway-image).
+ROUTER_WHEELS := out/router-wheels
+ROUTER_WHEELS_STAMP := $(ROUTER_WHEELS)/.downloaded-$(VLLM_ROUTER_VERSION)
+$(ROUTER_WHEELS_STAMP):
+	$(PYTHON) -m pip download --isolated --disable-pip-version-check -q --only-binary=:all: \
+		-d $(ROUTER_WHEELS) vllm-router==$(VLLM_ROUTER_VERSION)
+	touch $@
+
+# The same for an aarch64 box (Jetson Orin, Debian arm64) with CPython 3.11 and glibc 2.28 or
+# later: PyPI has vllm-router's manylinux_2_28_aarch64 wheel and every dependency's.
+ROUTER_WHEELS_ARM64 := out/router-wheels-aarch64
+ROUTER_WHEELS_ARM64_STAMP := $(ROUTER_WHEELS_ARM64)/.downloaded-$(VLLM_ROUTER_VERSION)
+$(ROUTER_WHEELS_ARM64_STAMP):
+	$(PYTHON) -m pip download --isolated --disable-pip-version-check -q --only-binary=:all: \
+		--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
+		--python-version 3.11 --implementation cp -d $(ROUTER_WHEELS_ARM64) vllm-router==$(VLLM_ROUTER_VERSION)
+	touch $@
+
+.PHONY: router-wheels
+router-wheels: $(ROUTER_WHEELS_STAMP) $(ROUTER_WHEELS_ARM64_STAMP)
 
 lan-demo: $(ROUTER_STAMP) model build
 	python3 bench/lan.py --daemon $(BIN) --model $(MODEL) --router $(ROUTER_VENV)/bin/vllm-router $(LAN_ARGS)

@@ -112,6 +112,17 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
         install_ota(spec, input, &root)?;
     }
 
+    if let Some(gateway) = &spec.gateway {
+        crate::gateway::install(
+            gateway,
+            &spec.daemon.target,
+            &spec.version,
+            &spec.board.name,
+            &root,
+            work.path(),
+        )?;
+    }
+
     if let ModelInput::Baked { file, .. } = &spec.model {
         let dest = tree::join(&root, &spec.model.device_path());
         tree::mkdir_p(dest.parent().unwrap_or(&root))?;

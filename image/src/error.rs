@@ -90,6 +90,10 @@ pub enum ImageError {
     #[error("bundle {path} does not verify: {message}")]
     BundleVerify { path: PathBuf, message: String },
 
+    /// The router of a gateway image cannot be installed into it.
+    #[error("gateway: {message}")]
+    Gateway { message: String },
+
     #[error("`{tool}` not found on PATH; install the Debian package `{package}`")]
     ToolMissing {
         tool: &'static str,
@@ -135,6 +139,7 @@ impl ImageError {
             Self::BundleExists { .. } => "bundle_exists",
             Self::BundleInput { .. } => "bundle_input",
             Self::BundleVerify { .. } => "bundle_verify",
+            Self::Gateway { .. } => "gateway",
             Self::ToolMissing { .. } => "tool_missing",
             Self::ToolFailed { .. } => "tool_failed",
             Self::Io { .. } => "io",

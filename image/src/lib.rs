@@ -10,6 +10,8 @@
 //! - [`sysusers`]: the overlay's sysusers.d users, groups and memberships written into the
 //!   image's `/etc/passwd` and `/etc/group`.
 //! - [`debian`]: a Debian base built by mmdebstrap (cached), its kernel and initrd.
+//! - [`gateway`]: `role = "gateway"`: vllm-router installed from wheels into a venv at
+//!   build time, its unit enabled, its `router.env` rendered from `[gateway]`.
 //! - [`tree`]: walking and copying trees; the manifest's sorted file list.
 //! - [`build`]: the whole build; outputs are renamed into place only when complete.
 //! - [`pack`]: mksquashfs / mkfs.erofs with every byte-affecting option pinned, and the
@@ -30,6 +32,7 @@ pub mod bundle;
 pub mod debian;
 pub mod elf;
 pub mod error;
+pub mod gateway;
 pub mod inspect;
 pub mod kernels;
 pub mod ota;

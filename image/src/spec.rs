@@ -97,6 +97,22 @@ struct SpecFile {
     config: toml::Table,
     #[serde(default)]
     ota: Option<OtaFile>,
+    /// `worker` (the default: the daemon) or `gateway` (vllm-router, from `[gateway]`).
+    #[serde(default)]
+    role: Role,
+    #[serde(default)]
+    gateway: Option<crate::gateway::GatewayFile>,
+}
+
+/// What a box built from the spec does on the LAN.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Serves with inferloopd (every image before roles existed).
+    #[default]
+    Worker,
+    /// Runs vllm-router in front of other boxes, and inferloopd too when `serve = true`.
+    Gateway,
 }
 
 #[derive(Debug, Deserialize)]
@@ -197,6 +213,18 @@ pub struct Spec {
     pub config: toml::Table,
     /// RAUC updates: present only when the spec has an `[ota]` table.
     pub ota: Option<OtaInput>,
+    /// The router, for `role = "gateway"` (`None` for a worker).
+    pub gateway: Option<crate::gateway::GatewayInput>,
+}
+
+impl Spec {
+    pub fn role(&self) -> Role {
+        if self.gateway.is_some() {
+            Role::Gateway
+        } else {
+            Role::Worker
+        }
+    }
 }
 
 /// The update files the image carries (RAUC's `system.conf` is rendered from the board).
@@ -334,7 +362,7 @@ impl Spec {
             kernels,
         };
 
-        let base = check_base(file.base, &daemon.target, &resolve)?;
+        let mut base = check_base(file.base, &daemon.target, &resolve)?;
         let squashfs_compression = match &file.squashfs_compression {
             None => None,
             Some(_) if file.format != ImageFormat::Squashfs => {
@@ -357,6 +385,44 @@ impl Spec {
             None => None,
         };
 
+        let gateway =
+            match (file.role, file.gateway) {
+                (Role::Worker, None) => None,
+                (Role::Worker, Some(_)) => {
+                    return Err(invalid(
+                        "gateway",
+                        "applies to role = \"gateway\" only; add it, or remove [gateway]",
+                    ))
+                }
+                (Role::Gateway, None) => return Err(invalid(
+                    "role",
+                    "\"gateway\" needs a [gateway] table naming at least `workers` and `wheels`",
+                )),
+                (Role::Gateway, Some(g)) => {
+                    let daemon_port = match config.get("port") {
+                        Some(toml::Value::Integer(p)) => u16::try_from(*p).unwrap_or(0),
+                        _ => 8080,
+                    };
+                    // The router's venv runs on the image's own Python.
+                    if let Base::Debian(d) = &mut base {
+                        if !d
+                            .packages
+                            .iter()
+                            .any(|p| p == "python3" || p.starts_with("python3="))
+                        {
+                            d.packages.push("python3".into());
+                        }
+                    }
+                    Some(crate::gateway::check(
+                        g,
+                        &daemon.target,
+                        daemon_port,
+                        ota.is_some(),
+                        &resolve,
+                    )?)
+                }
+            };
+
         Ok(Spec {
             origin: origin.to_path_buf(),
             board,
@@ -370,6 +436,7 @@ impl Spec {
             model,
             config,
             ota,
+            gateway,
         })
     }
 }

@@ -6,6 +6,7 @@
 mod bundle;
 mod cli;
 mod common;
+mod gateway;
 mod ota;
 mod reproducible;
 mod rootfs;
