@@ -676,6 +676,17 @@ def run_policy(args, policy: str, i: int, root: Path, prompts, schedule, faults:
             b.stop()
 
 
+def hit_ceiling(schedule: list[list[tuple[int, int]]], rr_hit: float | None) -> dict[str, Any]:
+    """An upper bound on any policy's hit rate on this workload: the first request of each
+    distinct system prompt has nothing to reuse (anywhere), so at most the other requests
+    hit (and not even all of their tokens: the question after the system prompt is new). With
+    round_robin's measured rate, the most any policy could reach against it."""
+    asked = [p for plan in schedule for p, _ in plan]
+    ceiling = 1 - len(set(asked)) / len(asked) if asked else 0.0
+    return {"ceiling": ceiling,
+            "max_ratio_vs_round_robin": ceiling / rr_hit if rr_hit else None}
+
+
 def router_kv_lookups(prom_port: int) -> dict[str, float]:
     """vllm-router's kv_aware placement lookups by result (hit, miss, missing_tokens)."""
     status, text = http_get(f"http://127.0.0.1:{prom_port}/metrics", 2.0)
@@ -801,9 +812,15 @@ def main(argv=None) -> int:
         report["targets"] = judge_policies(report["policies"])
         print_table(report["policies"])
         lines, ok = verdict_lines(report, args.smoke)
+        rr = report["policies"].get("round_robin", {})
+        report["hit_ceiling"] = hit_ceiling(schedule, (rr.get("hit_rate") or {}).get("total"))
         print()
         for line in lines:
             print(line)
+        if report["hit_ceiling"]:
+            c = report["hit_ceiling"]
+            print(f"info  hit-rate ceiling: below {c['ceiling']:.0%} (each distinct prompt's first request "
+                  f"cannot hit), i.e. at most {fmt(c['max_ratio_vs_round_robin'], '.2f')}x round_robin's")
         report["pass"] = ok
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -224,3 +224,21 @@ def test_defaults():
     assert a.boxes == 3 and a.policies == list(lan.POLICIES) and a.fault_policy == "cache_aware"
     assert a.faults == list(lan.FAULTS)
     assert lan.parse_args(["--faults", "none"]).faults == []
+
+
+def test_the_hit_ceiling_counts_each_prompts_first_request_as_a_miss():
+    schedule = [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+    c = lan.hit_ceiling(schedule, 0.25)
+    assert c["ceiling"] == 0.5 and c["max_ratio_vs_round_robin"] == 2.0
+    assert lan.hit_ceiling(schedule, None)["max_ratio_vs_round_robin"] is None
+    assert lan.hit_ceiling([], 0.3)["ceiling"] == 0.0
+
+
+def test_router_kv_lookups_sums_the_lookups_by_result(monkeypatch):
+    text = ('vllm_router_kv_placement_lookups_total{result="hit"} 3\n'
+            'vllm_router_kv_placement_lookups_total{result="miss"} 2\n'
+            'vllm_router_other_total 9\n')
+    monkeypatch.setattr(lan, "http_get", lambda url, timeout=2.0: (200, text))
+    assert lan.router_kv_lookups(1) == {"hit": 3.0, "miss": 2.0}
+    monkeypatch.setattr(lan, "http_get", lambda url, timeout=2.0: (None, ""))
+    assert lan.router_kv_lookups(1) == {}
