@@ -45,6 +45,8 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
     "max_body_bytes",
     "idle_timeout_secs",
     "max_connections",
+    "kv_events",
+    "kv_events_block_size",
     "tls_cert",
     "tls_key",
     "read_timeout_secs",
