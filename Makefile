@@ -71,7 +71,7 @@ help:
 	@echo "  bench-speed  speculative decoding (n-gram, draft model) and q8_0 KV: decode tok/s on grounded, code-edit and chat workloads vs llama-server's spec modes -> bench/results/speed.json"
 	@echo "  soak     mixed traffic for SOAK_DURATION (default 2h) at SOAK_RATE req/s (default 1): RSS, fds, threads, KV cells, queue sampled every 10 s; fails on an upward slope, no return to idle or any 5xx -> out/soak/ (series.json, summary.json, soak.svg)"
 	@echo "  soak-smoke  the same for 5 minutes -> out/soak-smoke/"
-	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
+	@echo "  lan-demo  3 boxes behind vllm-router (round_robin, power_of_two, cache_aware, kv_aware on the boxes' KV events): TTFT, prefix hit rate, throughput, then kill -9 / rejoin / thermal critical / drain under load -> bench/results/lan.json"
 	@echo "  lan-demo-smoke  the same with 2 boxes, round_robin and cache_aware, kill/rejoin/drain (CI; fails on a fault target)"
 	@echo "  router-wheels  vllm-router $(VLLM_ROUTER_VERSION) and its dependencies as wheels: out/router-wheels (this machine), out/router-wheels-aarch64 (CPython 3.11) for a gateway image's [gateway] wheels"
 	@echo "  kernels-check  the shipped kernels without a GPU: sm_87/sm_90 cubins + PTX 8.2 (NVRTC/ptxas 12.2 from PyPI) -> out/kernels/"
