@@ -9,6 +9,7 @@ ROUTER_REQUIRE=1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -17,6 +18,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import openai
 import pytest
@@ -68,19 +70,11 @@ def test_router_env_names_every_variable_the_unit_uses():
     assert len(env["WORKER_URLS"].split()) == 3
 
 
-def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id, tmp_path):
-    if not ROUTER.exists():
-        reason = f"{ROUTER} missing (make .venv-router)"
-        if os.environ.get("ROUTER_REQUIRE") == "1":
-            pytest.fail(f"ROUTER_REQUIRE=1: {reason}")
-        pytest.skip(reason)
-    env = env_file(ENV)
-    port = free_port()
-    env.update(ROUTER_HOST="127.0.0.1", ROUTER_PORT=str(port), WORKER_URLS=base_url,
-               PROMETHEUS_PORT=str(free_port()))
-    argv = exec_start(UNIT, env)
-    assert argv[0] == "/opt/inferloop-router/bin/vllm-router"
-    argv[0] = str(ROUTER)
+@contextlib.contextmanager
+def _router(argv: list[str], tmp_path: Path, ready_path: str) -> Iterator[str]:
+    """Runs the router from `argv` until `GET ready_path` answers 200; yields its URL (the
+    port is `--port`'s), stops it after. Its log is `router.log` in `tmp_path`."""
+    port = argv[argv.index("--port") + 1]
     log = open(tmp_path / "router.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -89,13 +83,40 @@ def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id,
         while True:
             assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
             try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                with urllib.request.urlopen(url + ready_path, timeout=2) as r:
                     if r.status == 200:
                         break
             except OSError:
                 pass
             assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()[-3000:]
             time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _need_router() -> None:
+    if not ROUTER.exists():
+        reason = f"{ROUTER} missing (make .venv-router)"
+        if os.environ.get("ROUTER_REQUIRE") == "1":
+            pytest.fail(f"ROUTER_REQUIRE=1: {reason}")
+        pytest.skip(reason)
+
+
+def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id, tmp_path):
+    _need_router()
+    env = env_file(ENV)
+    env.update(ROUTER_HOST="127.0.0.1", ROUTER_PORT=str(free_port()), WORKER_URLS=base_url,
+               PROMETHEUS_PORT=str(free_port()))
+    argv = exec_start(UNIT, env)
+    assert argv[0] == "/opt/inferloop-router/bin/vllm-router"
+    argv[0] = str(ROUTER)
+    with _router(argv, tmp_path, "/v1/models") as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         r = client.chat.completions.create(model=model_id, max_tokens=4, temperature=0,
                                            messages=[{"role": "user", "content": "Say hi."}])
@@ -104,13 +125,6 @@ def test_the_shipped_command_line_serves_through_vllm_router(base_url, model_id,
             model=model_id, max_tokens=4, temperature=0, stream=True,
             messages=[{"role": "user", "content": "Say hi."}]) if c.choices)
         assert text == r.choices[0].message.content
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _chats_served(url: str) -> float:
@@ -124,34 +138,16 @@ def test_kv_aware_routes_on_the_boxes_kv_events(model_id, tmp_path):
     """Two boxes publishing KV events (--kv-events) behind the real router's kv_aware policy:
     it discovers the publishers, indexes the blocks, and sends a repeated prompt to the box
     that holds it (a lookup hit in its own metrics), not the other one."""
-    if not ROUTER.exists():
-        reason = f"{ROUTER} missing (make .venv-router)"
-        if os.environ.get("ROUTER_REQUIRE") == "1":
-            pytest.fail(f"ROUTER_REQUIRE=1: {reason}")
-        pytest.skip(reason)
+    _need_router()
     kv1, kv2 = free_port(), free_port()
     with running_daemon("--kv-events", f"127.0.0.1:{kv1}") as box1, \
             running_daemon("--kv-events", f"127.0.0.1:{kv2}") as box2:
-        port, prom = free_port(), free_port()
-        log = open(tmp_path / "router.log", "w")
-        proc = subprocess.Popen(
-            [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--policy", "kv_aware",
-             "--worker-startup-check-interval", "1", "--prometheus-port", str(prom),
-             "--log-level", "info", "--worker-urls", box1, box2],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, (tmp_path / "router.log").read_text()[-3000:]
-                try:
-                    with urllib.request.urlopen(url + "/readiness", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()[-3000:]
-                time.sleep(0.25)
+        prom = free_port()
+        argv = [str(ROUTER), "--host", "127.0.0.1", "--port", str(free_port()),
+                "--policy", "kv_aware", "--worker-startup-check-interval", "1",
+                "--prometheus-port", str(prom), "--log-level", "info",
+                "--worker-urls", box1, box2]
+        with _router(argv, tmp_path, "/readiness") as url:
             # The subscribers connect as the router starts; give the subscriptions a moment.
             time.sleep(1.0)
             client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
@@ -169,10 +165,3 @@ def test_kv_aware_routes_on_the_boxes_kv_events(model_id, tmp_path):
             hits = sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines()
                        if l.startswith('vllm_router_kv_placement_lookups_total{result="hit"}'))
             assert hits >= 2, [l for l in metrics.splitlines() if "kv_" in l]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
