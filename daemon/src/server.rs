@@ -101,17 +101,23 @@ pub async fn run(
              the key off the wire; serve HTTPS with --tls-cert and --tls-key"
         );
     }
+    let metrics = Arc::new(Metrics::default());
     // Bound before the model loads, like the HTTP port: a taken port is a usage error.
     let (kv_source, kv_outbox) = match config.kv_events {
         Some(at) => {
-            let (source, outbox) = crate::kv_events::start(at.addr, at.block_size).await?;
+            let (source, outbox) = crate::kv_events::start(
+                at.addr,
+                at.block_size,
+                metrics.kv_event_batches_sent.clone(),
+                metrics.kv_event_batches_dropped.clone(),
+            )
+            .await?;
             (Some(source), Some(outbox))
         }
         None => (None, None),
     };
 
     let config = Arc::new(config);
-    let metrics = Arc::new(Metrics::default());
     let plan = boot.plan.clone();
     let selection = boot.selection.clone();
     let boot = Arc::new(boot);

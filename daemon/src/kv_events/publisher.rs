@@ -7,10 +7,11 @@
 //! trusting a wrong picture.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
@@ -48,7 +49,7 @@ pub struct Outbox {
     tx: mpsc::Sender<Batch>,
     seq: Arc<AtomicI64>,
     block_size: u32,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
 }
 
 impl std::fmt::Debug for Batch {
@@ -71,15 +72,21 @@ impl Outbox {
                 events,
             })
             .is_err()
-            && self.dropped.fetch_add(1, Ordering::Relaxed) == 0
+            && self.dropped.inc() == 0
         {
             tracing::warn!("KV event queue full: batches dropped; routers will resynchronise");
         }
     }
 }
 
-/// Binds the PUB socket and starts its task on the current runtime.
-pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox), BindError> {
+/// Binds the PUB socket and starts its task on the current runtime; `sent` and `dropped`
+/// count batches.
+pub async fn start(
+    addr: SocketAddr,
+    block_size: u32,
+    sent: Counter,
+    dropped: Counter,
+) -> Result<(Source, Outbox), BindError> {
     let mut socket = zeromq::PubSocket::new();
     let bound = socket
         .bind(&format!("tcp://{addr}"))
@@ -116,8 +123,11 @@ pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox)
             let mut message = ZmqMessage::from(Vec::<u8>::new());
             message.push_back(batch.seq.to_be_bytes().to_vec().into());
             message.push_back(wire::encode(ts, &batch.events, block_size, batch.medium).into());
-            if let Err(e) = socket.send(message).await {
-                tracing::warn!(error = %e, seq = batch.seq, "KV event batch not sent");
+            match socket.send(message).await {
+                Ok(()) => {
+                    sent.inc();
+                }
+                Err(e) => tracing::warn!(error = %e, seq = batch.seq, "KV event batch not sent"),
             }
         }
     });
@@ -130,7 +140,7 @@ pub async fn start(addr: SocketAddr, block_size: u32) -> Result<(Source, Outbox)
             tx,
             seq: Arc::new(AtomicI64::new(0)),
             block_size,
-            dropped: Arc::new(AtomicU64::new(0)),
+            dropped,
         },
     ))
 }
@@ -187,5 +197,36 @@ impl TierEvents {
     pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a [i32]>) {
         let events = self.ledger.sync(entries);
         self.outbox.send(Medium::Host, events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full queue drops the batch but not its number: the router sees the gap.
+    #[test]
+    fn a_full_queue_drops_batches_and_leaves_a_gap_in_the_numbers() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let dropped = Counter::default();
+        let mut outbox = Outbox {
+            tx,
+            seq: Arc::new(AtomicI64::new(0)),
+            block_size: 16,
+            dropped: dropped.clone(),
+        };
+        let mut tier = outbox.clone();
+        outbox.send(Medium::Device, vec![KvEvent::AllCleared]);
+        tier.send(Medium::Host, vec![KvEvent::AllCleared]);
+        outbox.send(Medium::Device, Vec::new());
+        assert_eq!(dropped.get(), 1, "the second batch found the queue full");
+        assert_eq!(rx.try_recv().map(|b| b.seq).ok(), Some(0));
+        outbox.send(Medium::Device, vec![KvEvent::AllCleared]);
+        let next = rx.try_recv().expect("queued");
+        assert_eq!(
+            (next.seq, next.medium),
+            (2, Medium::Device),
+            "1 was dropped"
+        );
     }
 }

@@ -219,6 +219,10 @@ pub struct Metrics {
     pub spec_accepted_tokens_total: Counter,
     pub prompt_cache: PromptCacheSeries,
     pub connections: Arc<ConnectionSeries>,
+    /// KV event batches (`--kv-events`) handed to the socket, and dropped because its
+    /// queue was full (each one a gap the router resynchronises on).
+    pub kv_event_batches_sent: Counter,
+    pub kv_event_batches_dropped: Counter,
     pub ttft_seconds: Histogram,
     pub inter_token_seconds: Histogram,
     pub request_seconds: Histogram,
@@ -243,6 +247,8 @@ impl Default for Metrics {
             spec_accepted_tokens_total: Counter::default(),
             prompt_cache: PromptCacheSeries::default(),
             connections: Arc::default(),
+            kv_event_batches_sent: Counter::default(),
+            kv_event_batches_dropped: Counter::default(),
             ttft_seconds: Histogram::new(LATENCY_BUCKETS.iter().copied()),
             inter_token_seconds: Histogram::new(TOKEN_BUCKETS.iter().copied()),
             request_seconds: Histogram::new(REQUEST_BUCKETS.iter().copied()),
@@ -386,6 +392,16 @@ impl Metrics {
             "inferloop_connections_closed",
             "HTTP connections the daemon closed, by reason (header_timeout, idle_timeout, evicted to make room at the cap, tls_handshake failed)",
             conns.closed.clone(),
+        );
+        r.register(
+            "inferloop_kv_event_batches_sent",
+            "KV event batches (--kv-events) handed to the publisher socket",
+            self.kv_event_batches_sent.clone(),
+        );
+        r.register(
+            "inferloop_kv_event_batches_dropped",
+            "KV event batches dropped on a full queue: a gap on which routers forget this box's blocks and start over",
+            self.kv_event_batches_dropped.clone(),
         );
         r.register(
             "inferloop_ttft_seconds",
@@ -541,6 +557,12 @@ inferloop_connections_closed_total{reason="evicted"} 0
 inferloop_connections_closed_total{reason="header_timeout"} 0
 inferloop_connections_closed_total{reason="idle_timeout"} 0
 inferloop_connections_closed_total{reason="tls_handshake"} 0
+# HELP inferloop_kv_event_batches_sent_total KV event batches (--kv-events) handed to the publisher socket.
+# TYPE inferloop_kv_event_batches_sent_total counter
+inferloop_kv_event_batches_sent_total 0
+# HELP inferloop_kv_event_batches_dropped_total KV event batches dropped on a full queue: a gap on which routers forget this box's blocks and start over.
+# TYPE inferloop_kv_event_batches_dropped_total counter
+inferloop_kv_event_batches_dropped_total 0
 # HELP inferloop_ttft_seconds Request received to first token sampled.
 # TYPE inferloop_ttft_seconds histogram
 inferloop_ttft_seconds_bucket{le="0.005"} 0

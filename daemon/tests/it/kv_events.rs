@@ -199,6 +199,18 @@ async fn the_slots_blocks_are_announced_as_the_render_route_tokenizes_them() {
         removed.len(),
         first_hashes.len()
     );
+    let metrics = d.metrics().await;
+    let sent = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("inferloop_kv_event_batches_sent_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("the sent counter");
+    assert!(
+        sent >= (batches.len() + later.len()) as f64,
+        "{sent} sent, {} received",
+        batches.len() + later.len()
+    );
+    assert!(metrics.contains("inferloop_kv_event_batches_dropped_total 0"));
     let seqs: Vec<i64> = batches.iter().chain(&later).map(|(s, _)| *s).collect();
     assert!(
         seqs.windows(2).all(|w| w[1] == w[0] + 1),
