@@ -257,6 +257,8 @@ class Result:
     ttft: float | None = None
     completion_tokens: int = 0
     error: str = ""
+    # The system prompt it carried (apps workload), -1 when not tracked.
+    prompt: int = -1
 
 
 def classify(status: int | None, done: bool, error: str) -> str:
@@ -280,7 +282,21 @@ def summarize(results: list[Result], wall_s: float) -> dict[str, Any]:
         "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
         "completion_tokens_per_s": sum(r.completion_tokens for r in ok) / wall_s if wall_s > 0 else None,
+        "repeat_ttft_median_s": repeat_ttft_median(results),
     }
+
+
+def repeat_ttft_median(results: list[Result]) -> float | None:
+    """TTFT median of the requests that could reuse a prefix: sent after an earlier request
+    with the same system prompt had been answered. What a router's choice changes; the other
+    requests prefill their prompt wherever they go."""
+    answered: dict[int, float] = {}
+    for r in sorted(results, key=lambda r: r.end):
+        if r.outcome == "ok" and r.prompt >= 0:
+            answered.setdefault(r.prompt, r.end)
+    ttfts = [r.ttft for r in results if r.outcome == "ok" and r.ttft is not None
+             and r.prompt in answered and r.start >= answered[r.prompt]]
+    return statistics.median(ttfts) if ttfts else None
 
 
 # --- judging (pure) ------------------------------------------------------------------------------
@@ -516,6 +532,7 @@ def run_workload(port: int, prompts: list[str], schedule, max_tokens: int,
     def client(plan):
         for p, q in plan:
             r = one_request(port, chat_body(prompts[p], QUESTIONS[q], max_tokens), timeout)
+            r.prompt = p
             with lock:
                 results.append(r)
 
@@ -706,11 +723,12 @@ def fmt(v, spec=".3f", none="-"):
 
 
 def print_table(table: dict[str, dict[str, Any]]) -> None:
-    print(f"\n{'policy':<14}{'TTFT med':>9}{'p95':>8}{'hit':>7}{'(tiers)':>8}{'refused':>8}{'failed':>7}"
+    print(f"\n{'policy':<14}{'TTFT med':>9}{'p95':>8}{'repeat':>8}{'hit':>7}{'(tiers)':>8}{'refused':>8}{'failed':>7}"
           f"{'req/s':>7}{'tok/s':>7}  served per box")
     for name, r in table.items():
         h = r.get("hit_rate") or {}
         print(f"{name:<14}{fmt(r['ttft_median_s']):>9}{fmt(r['ttft_p95_s']):>8}"
+              f"{fmt(r.get('repeat_ttft_median_s')):>8}"
               f"{fmt(h.get('total'), '.0%'):>7}{fmt(h.get('from_tiers'), '.0%'):>8}"
               f"{r['refused']:>8}{r['failed']:>7}{fmt(r['requests_per_s'], '.2f'):>7}"
               f"{fmt(r['completion_tokens_per_s'], '.1f'):>7}  {[int(x) for x in r.get('served_per_box', [])]}"

@@ -242,3 +242,15 @@ def test_router_kv_lookups_sums_the_lookups_by_result(monkeypatch):
     assert lan.router_kv_lookups(1) == {"hit": 3.0, "miss": 2.0}
     monkeypatch.setattr(lan, "http_get", lambda url, timeout=2.0: (None, ""))
     assert lan.router_kv_lookups(1) == {}
+
+
+def test_repeat_ttft_counts_only_requests_sent_after_their_prompt_was_answered():
+    R = lan.Result
+    results = [R(start=0.0, end=2.0, outcome="ok", ttft=1.5, prompt=0),
+               R(start=0.5, end=2.5, outcome="ok", ttft=1.9, prompt=0),   # before 0's answer
+               R(start=2.1, end=2.4, outcome="ok", ttft=0.2, prompt=0),   # a repeat
+               R(start=3.0, end=3.3, outcome="ok", ttft=0.4, prompt=0),   # a repeat
+               R(start=1.0, end=4.0, outcome="ok", ttft=2.0, prompt=1),   # 1's first
+               R(start=4.5, end=4.6, outcome="failed", prompt=1)]
+    assert lan.repeat_ttft_median(results) == pytest.approx(0.3)
+    assert lan.repeat_ttft_median(results[:1]) is None
