@@ -22,6 +22,8 @@ fn field<'a>(m: &'a Mp, key: &str) -> &'a Mp {
 #[derive(Debug)]
 struct Event {
     kind: String,
+    /// "GPU" (the slots' cells) or "CPU" (the prompt cache's RAM tier); empty for a clear.
+    medium: String,
     hashes: Vec<Vec<u8>>,
     parent: Option<Vec<u8>>,
     tokens: Vec<u64>,
@@ -51,10 +53,12 @@ fn events(payload: &[u8]) -> Vec<Event> {
                 let h: &Vec<u8> = h;
                 assert_eq!(h.len(), 32, "vllm-router takes 32-byte hashes");
             }
-            if kind != "AllBlocksCleared" {
-                assert_eq!(field(e, "medium").as_str(), Some("GPU"), "{e}");
-            }
+            let medium = match kind.as_str() {
+                "AllBlocksCleared" => String::new(),
+                _ => field(e, "medium").as_str().expect("medium").to_string(),
+            };
             Event {
+                medium,
                 parent: get("parent_block_hash")
                     .and_then(|(_, v)| v.as_slice())
                     .map(<[u8]>::to_vec),
@@ -157,6 +161,10 @@ async fn the_slots_blocks_are_announced_as_the_render_route_tokenizes_them() {
         .flat_map(|(_, e)| e)
         .filter(|e| e.kind == "BlockStored")
         .collect();
+    assert!(
+        stored.iter().all(|e| e.medium == "GPU"),
+        "the RAM tier is off"
+    );
     assert!(!stored.is_empty(), "no block stored: {batches:?}");
     assert_eq!(stored[0].parent, None, "the first chain starts the prompt");
     let announced: Vec<u64> = stored.iter().flat_map(|e| e.tokens.clone()).collect();
@@ -215,6 +223,72 @@ async fn the_slots_blocks_are_announced_as_the_render_route_tokenizes_them() {
     assert!(
         seqs.windows(2).all(|w| w[1] == w[0] + 1),
         "no gap in the sequence: {seqs:?}"
+    );
+}
+
+/// With the RAM tier on, the prefix a new prompt evicts from the only slot is saved there and
+/// announced as host memory ("CPU"), whole from its first block, with the same hashes as
+/// when the slot held it ("GPU").
+#[tokio::test]
+async fn a_prefix_saved_to_the_ram_tier_is_announced_as_host_blocks() {
+    let d = Daemon::start(&[
+        "--slots",
+        "1",
+        "--prefix-slots",
+        "0",
+        "--ctx",
+        "1024",
+        "--kv-events",
+        "127.0.0.1:0",
+    ]);
+    let endpoint = d.get_ok("/kv_event_sources").await["0"]["endpoint"]
+        .as_str()
+        .expect("endpoint")
+        .to_string();
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let body = chat(&"You answer questions about lighthouses and their keepers. ".repeat(20));
+    let ids: Vec<u64> = d.post_ok("/v1/chat/completions/render", &body).await["token_ids"]
+        .as_array()
+        .expect("token_ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    d.chat(&body).await;
+    // While its cells hold a prefix it is not copied to RAM; a new prompt in the only slot
+    // moves it there.
+    d.chat(&chat(
+        &"You answer questions about canal locks only. ".repeat(20),
+    ))
+    .await;
+    let batches = drain(&mut sub, Duration::from_secs(3)).await;
+    let host: Vec<&Event> = batches
+        .iter()
+        .flat_map(|(_, e)| e)
+        .filter(|e| e.kind == "BlockStored" && e.medium == "CPU")
+        .collect();
+    assert!(!host.is_empty(), "no host block: {batches:?}");
+    let whole = ids.len() / BLOCK * BLOCK;
+    assert_eq!(host[0].parent, None);
+    assert!(
+        host[0].tokens.len() >= whole,
+        "{} of {}",
+        host[0].tokens.len(),
+        ids.len()
+    );
+    assert_eq!(host[0].tokens[..whole], ids[..whole]);
+    let device: Vec<Vec<u8>> = batches
+        .iter()
+        .flat_map(|(_, e)| e)
+        .filter(|e| e.kind == "BlockStored" && e.medium == "GPU")
+        .flat_map(|e| e.hashes.clone())
+        .collect();
+    assert_eq!(
+        host[0].hashes[..whole / BLOCK],
+        device[..whole / BLOCK],
+        "one prefix, one set of hashes, whichever tier holds it"
     );
 }
 
