@@ -6,6 +6,7 @@
 //! one lets it go: the router's view is a set per box, not a count.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -176,6 +177,10 @@ impl BlockLedger {
 pub struct TierLedger {
     block_size: usize,
     held: HashSet<BlockHash>,
+    /// Each entry's chain, by the address of its tokens. Holding the `Arc` keeps the address
+    /// from being reused by another entry while it is cached; a sync then hashes only the
+    /// entries that are new (a large tier is thousands of blocks, on the decode thread).
+    chains: HashMap<usize, (Arc<[i32]>, Vec<BlockHash>)>,
 }
 
 impl TierLedger {
@@ -183,19 +188,25 @@ impl TierLedger {
         Self {
             block_size: block_size.max(1),
             held: HashSet::new(),
+            chains: HashMap::new(),
         }
     }
 
     /// The tier now holds `entries`: blocks no entry holds any more are removed, and each
     /// entry with a block new to the tier is announced whole (storing a block again is a
     /// no-op to the router).
-    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a [i32]>) -> Vec<KvEvent> {
-        let chains = BlockLedger::new(0, self.block_size);
+    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a Arc<[i32]>>) -> Vec<KvEvent> {
+        let hasher = BlockLedger::new(0, self.block_size);
+        let mut chains = HashMap::with_capacity(self.chains.len());
         let mut now = HashSet::new();
         let mut stored = Vec::new();
         for tokens in entries {
+            let key = Arc::as_ptr(tokens) as *const i32 as usize;
             let n = tokens.len() / self.block_size;
-            let chain = chains.chain(tokens, 0, None, n);
+            let chain = match self.chains.remove(&key) {
+                Some((_, chain)) => chain,
+                None => hasher.chain(tokens, 0, None, n),
+            };
             if chain
                 .iter()
                 .any(|h| !self.held.contains(h) && !now.contains(h))
@@ -209,8 +220,10 @@ impl TierLedger {
                         .collect(),
                 });
             }
-            now.extend(chain);
+            now.extend(chain.iter().copied());
+            chains.insert(key, (tokens.clone(), chain));
         }
+        self.chains = chains;
         let mut gone: Vec<BlockHash> = self.held.difference(&now).copied().collect();
         gone.sort_unstable();
         self.held = now;
@@ -301,8 +314,9 @@ mod tests {
     #[test]
     fn a_tier_announces_new_entries_whole_and_removes_what_no_entry_holds() {
         let mut t = TierLedger::new(2);
-        let a: &[i32] = &[1, 2, 3, 4, 5];
-        let b: &[i32] = &[1, 2, 7, 7];
+        let a: Arc<[i32]> = Arc::from(&[1, 2, 3, 4, 5][..]);
+        let b: Arc<[i32]> = Arc::from(&[1, 2, 7, 7][..]);
+        let (a, b) = (&a, &b);
         let e = t.sync([a].into_iter());
         assert_eq!(e.len(), 1);
         assert_eq!(stored(&e[0]), (2, None, 4));
@@ -315,8 +329,10 @@ mod tests {
         let e = t.sync([b].into_iter());
         assert_eq!(e.len(), 1);
         assert_eq!(removed(&e[0]), 1);
+        assert_eq!(t.chains.len(), 1, "an evicted entry's chain is not kept");
         let e = t.sync(std::iter::empty());
         assert_eq!(removed(&e[0]), 2);
+        assert!(t.chains.is_empty());
     }
 
     #[test]

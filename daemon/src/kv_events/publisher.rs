@@ -194,7 +194,7 @@ impl TierEvents {
     }
 
     /// The tier now holds `entries`.
-    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a [i32]>) {
+    pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a Arc<[i32]>>) {
         let events = self.ledger.sync(entries);
         self.outbox.send(Medium::Host, events);
     }

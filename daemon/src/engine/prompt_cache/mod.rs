@@ -194,7 +194,7 @@ impl PromptStore {
 
     fn ram_changed(&mut self) {
         if let Some(events) = &mut self.events {
-            events.sync(self.ram.entries().map(|(tokens, _)| &tokens[..]));
+            events.sync(self.ram.entries().map(|(tokens, _)| tokens));
         }
     }
 
