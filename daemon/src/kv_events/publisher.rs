@@ -36,6 +36,7 @@ pub struct Source {
     pub block_size: u32,
 }
 
+#[derive(Debug)]
 struct Batch {
     seq: i64,
     medium: Medium,
@@ -50,12 +51,6 @@ pub struct Outbox {
     seq: Arc<AtomicI64>,
     block_size: u32,
     dropped: Counter,
-}
-
-impl std::fmt::Debug for Batch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batch").field("seq", &self.seq).finish()
-    }
 }
 
 impl Outbox {
