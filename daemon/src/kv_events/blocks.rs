@@ -30,6 +30,28 @@ pub enum KvEvent {
     AllCleared,
 }
 
+/// Blocks `from..n` of `tokens` (`block_size` tokens each), chained from `parent`.
+fn chain(
+    block_size: usize,
+    tokens: &[i32],
+    from: usize,
+    mut parent: Option<BlockHash>,
+    n: usize,
+) -> Vec<BlockHash> {
+    (from..n)
+        .map(|b| {
+            let mut h = Sha256::new();
+            h.update(parent.unwrap_or([0; 32]));
+            for t in &tokens[b * block_size..(b + 1) * block_size] {
+                h.update((*t as u32).to_le_bytes());
+            }
+            let hash: BlockHash = h.finalize().into();
+            parent = Some(hash);
+            hash
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 pub struct BlockLedger {
     block_size: usize,
@@ -57,19 +79,15 @@ impl BlockLedger {
     /// events and started over, learns the whole prefix from the next new prompt.
     pub fn replace(&mut self, slot: usize, tokens: &[i32]) -> Vec<KvEvent> {
         let n = tokens.len() / self.block_size;
+        let new = chain(self.block_size, tokens, 0, None, n);
         let kept = self.chains[slot]
             .iter()
-            .zip(self.chain(tokens, 0, None, n))
-            .take_while(|(old, new)| **old == *new)
+            .zip(&new)
+            .take_while(|(old, new)| old == new)
             .count();
         let mut events = self.truncate(slot, kept);
-        if n > kept {
-            let parent = self.chains[slot].last().copied();
-            let added = self.chain(tokens, kept, parent, n);
-            let fresh = self.hold(slot, &added);
-            if fresh {
-                events.push(self.stored(slot, tokens, 0, None));
-            }
+        if n > kept && self.hold(slot, &new[kept..]) {
+            events.push(self.stored(slot, tokens, 0, None));
         }
         events
     }
@@ -83,35 +101,12 @@ impl BlockLedger {
             return Vec::new();
         }
         let parent = self.chains[slot].last().copied();
-        let added = self.chain(tokens, have, parent, n);
+        let added = chain(self.block_size, tokens, have, parent, n);
         if self.hold(slot, &added) {
             vec![self.stored(slot, tokens, have, parent)]
         } else {
             Vec::new()
         }
-    }
-
-    /// Blocks `from..n` of `tokens`, chained from `parent`.
-    fn chain(
-        &self,
-        tokens: &[i32],
-        from: usize,
-        mut parent: Option<BlockHash>,
-        n: usize,
-    ) -> Vec<BlockHash> {
-        let bs = self.block_size;
-        (from..n)
-            .map(|b| {
-                let mut h = Sha256::new();
-                h.update(parent.unwrap_or([0; 32]));
-                for t in &tokens[b * bs..(b + 1) * bs] {
-                    h.update((*t as u32).to_le_bytes());
-                }
-                let hash: BlockHash = h.finalize().into();
-                parent = Some(hash);
-                hash
-            })
-            .collect()
     }
 
     /// Appends `added` to the slot's chain; whether any block in it is new to the box.
@@ -196,7 +191,6 @@ impl TierLedger {
     /// entry with a block new to the tier is announced whole (storing a block again is a
     /// no-op to the router).
     pub fn sync<'a>(&mut self, entries: impl Iterator<Item = &'a Arc<[i32]>>) -> Vec<KvEvent> {
-        let hasher = BlockLedger::new(0, self.block_size);
         let mut chains = HashMap::with_capacity(self.chains.len());
         let mut now = HashSet::new();
         let mut stored = Vec::new();
@@ -205,7 +199,7 @@ impl TierLedger {
             let n = tokens.len() / self.block_size;
             let chain = match self.chains.remove(&key) {
                 Some((_, chain)) => chain,
-                None => hasher.chain(tokens, 0, None, n),
+                None => chain(self.block_size, tokens, 0, None, n),
             };
             if chain
                 .iter()

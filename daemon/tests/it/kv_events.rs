@@ -41,7 +41,7 @@ fn events(payload: &[u8]) -> Vec<Event> {
                 e.as_map()
                     .and_then(|m| m.iter().find(|(key, _)| key.as_str() == Some(k)))
             };
-            let hashes = get("block_hashes")
+            let hashes: Vec<Vec<u8>> = get("block_hashes")
                 .and_then(|(_, v)| v.as_array())
                 .map(|a| {
                     a.iter()
@@ -49,10 +49,10 @@ fn events(payload: &[u8]) -> Vec<Event> {
                         .collect()
                 })
                 .unwrap_or_default();
-            for h in &hashes {
-                let h: &Vec<u8> = h;
-                assert_eq!(h.len(), 32, "vllm-router takes 32-byte hashes");
-            }
+            assert!(
+                hashes.iter().all(|h| h.len() == 32),
+                "vllm-router takes 32-byte hashes"
+            );
             let medium = match kind.as_str() {
                 "AllBlocksCleared" => String::new(),
                 _ => field(e, "medium").as_str().expect("medium").to_string(),
@@ -85,6 +85,26 @@ async fn drain(sub: &mut zeromq::SubSocket, quiet: Duration) -> Vec<(i64, Vec<Ev
         out.push((seq, events(&frames[2])));
     }
     out
+}
+
+/// A subscriber to the box's events, once its subscription has reached the publisher.
+async fn subscribe(endpoint: &str) -> zeromq::SubSocket {
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    // A subscription reaches the publisher a moment after the connect.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sub
+}
+
+/// The token ids the render route gives `body`: what vllm-router hashes.
+async fn rendered(d: &Daemon, body: &Value) -> Vec<u64> {
+    d.post_ok("/v1/chat/completions/render", body).await["token_ids"]
+        .as_array()
+        .expect("token_ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect()
 }
 
 fn chat(system: &str) -> Value {
@@ -141,19 +161,10 @@ async fn the_slots_blocks_are_announced_as_the_render_route_tokenizes_them() {
         "{info}"
     );
 
-    let mut sub = zeromq::SubSocket::new();
-    sub.connect(&endpoint).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
-    // A subscription reaches the publisher a moment after the connect.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sub = subscribe(&endpoint).await;
 
     let first = chat(&"You answer questions about tide pools. ".repeat(20));
-    let ids: Vec<u64> = d.post_ok("/v1/chat/completions/render", &first).await["token_ids"]
-        .as_array()
-        .expect("token_ids")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect();
+    let ids = rendered(&d, &first).await;
     d.chat(&first).await;
     let batches = drain(&mut sub, Duration::from_secs(2)).await;
     let stored: Vec<&Event> = batches
@@ -245,17 +256,9 @@ async fn a_prefix_saved_to_the_ram_tier_is_announced_as_host_blocks() {
         .as_str()
         .expect("endpoint")
         .to_string();
-    let mut sub = zeromq::SubSocket::new();
-    sub.connect(&endpoint).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sub = subscribe(&endpoint).await;
     let body = chat(&"You answer questions about lighthouses and their keepers. ".repeat(20));
-    let ids: Vec<u64> = d.post_ok("/v1/chat/completions/render", &body).await["token_ids"]
-        .as_array()
-        .expect("token_ids")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect();
+    let ids = rendered(&d, &body).await;
     d.chat(&body).await;
     // While its cells hold a prefix it is not copied to RAM; a new prompt in the only slot
     // moves it there.
