@@ -6,6 +6,7 @@
 //! - [`scheduler`]: one turn: take commands, admit, plan a step, run it, deliver (with
 //!   `reuse`: a new request starting on a resident prompt prefix).
 //! - [`state`]: the queue and the slots, admission by slots and KV cells.
+//! - `step_plan`: what one step computes; prompt chunks shortest-rest first.
 //! - [`sequence`]: one request's life in a slot, phase by phase.
 //! - [`prefix`]: the index of resident prompt prefixes.
 //! - [`speculate`]: prompt-lookup drafts, checked by a verifying step, and the drafting
@@ -29,6 +30,7 @@ mod speculate_tests;
 pub mod state;
 #[cfg(test)]
 mod state_tests;
+mod step_plan;
 pub mod text;
 pub mod thread;
 #[cfg(test)]

@@ -15,12 +15,13 @@ use inferloop_thermal::ThermalState;
 
 use super::command::Command;
 use super::draft::{Ask, DraftModel};
-use super::prefix::{tail_start, PrefixIndex};
+use super::prefix::PrefixIndex;
 use super::sequence::{End, Phase, Sequence};
 use super::speculate::{worth_verifying, StepCost};
 use super::state::State;
+use super::step_plan::plan_step;
 use crate::config::SpecGate;
-use crate::engine::backend::seam::{Backend, SeqOutcome, StepPlan, Vocab, Work};
+use crate::engine::backend::seam::{Backend, SeqOutcome, Vocab, Work};
 use crate::engine::clock::Clock;
 use crate::engine::plan::EnginePlan;
 use crate::engine::prompt_cache::PromptStore;
@@ -573,68 +574,4 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             };
         }
     }
-}
-
-/// Every decoding sequence gets its next token (verifying its draft, when it has one);
-/// prompt chunks share the rest of the step's budget in slot order, so running streams
-/// never wait behind a long prefill. With
-/// `aligned` runs (exact reuse, or none) a prompt's runs end where exact reuse needs them.
-fn plan_step(seqs: &[Option<Sequence>], prefill_chunk: usize, aligned: bool) -> StepPlan<'_> {
-    let active = || {
-        seqs.iter()
-            .enumerate()
-            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s)))
-    };
-    let mut work = Vec::new();
-    for (slot, seq) in active() {
-        if let Phase::Decoding { next } = seq.phase {
-            work.push(if seq.verify.is_empty() {
-                Work::Decode {
-                    seq: slot,
-                    token: next,
-                    pos: seq.pos,
-                }
-            } else {
-                Work::Verify {
-                    seq: slot,
-                    tokens: &seq.verify,
-                    pos: seq.pos,
-                }
-            });
-        }
-    }
-    let mut budget = prefill_chunk;
-    for (slot, seq) in active() {
-        let Phase::Prefill { fed } = seq.phase else {
-            continue;
-        };
-        if seq.awaiting.is_some() {
-            continue;
-        }
-        // Aligned: chunks end at multiples of the chunk size, wherever the prompt started
-        // being fed, and the tail is a run of its own, so a reused prefix leaves the rest
-        // chunked as it would be without reuse. Otherwise as much as the budget allows.
-        let pos = seq.pos as usize;
-        let to_boundary = match tail_start(seq.prompt.len()) {
-            _ if !aligned => prefill_chunk,
-            Some(t) if pos < t => (t - pos).min(prefill_chunk - pos % prefill_chunk),
-            _ => prefill_chunk - pos % prefill_chunk,
-        };
-        let n = (seq.prompt.len() - fed).min(budget).min(to_boundary);
-        if n == 0 {
-            continue;
-        }
-        work.push(Work::Prefill {
-            seq: slot,
-            tokens: &seq.prompt[fed..fed + n],
-            pos: seq.pos,
-            sample: fed + n == seq.prompt.len(),
-        });
-        budget -= n;
-    }
-    // In slot order: llama.cpp splits a multi-stream batch into micro-batches of
-    // consecutive sequence ids, so slot order lets decodes and prompt chunks share one
-    // micro-batch instead of three (measured: warm shared-prompt TTFT 593 → 205 ms).
-    work.sort_by_key(Work::seq);
-    StepPlan { work }
 }

@@ -575,6 +575,79 @@ fn long_prompts_are_fed_in_chunks_while_streams_keep_decoding() {
     assert!(matches!(r.last(&mut stream).1, Event::Finished { .. }));
 }
 
+/// A request received now whose prompt is `len` copies of `token` (a prompt no other
+/// request's prefix shares, given its own token).
+fn prompt_of(r: &Rig, token: i32, len: usize, max_tokens: u32) -> GenerationRequest {
+    let mut req = r.request(len, max_tokens);
+    req.prompt_tokens = vec![token; len];
+    req
+}
+
+#[test]
+fn a_short_prompt_overtakes_a_long_one_being_fed() {
+    let mut r = rig(plan(2, 2));
+    let mut long = r.submit(prompt_of(&r, 6, 3000, 1)).expect("slot");
+    r.turn();
+    assert_eq!(r.fake.log().steps, 1, "the long prompt's first chunk");
+    let mut short = r.submit(prompt_of(&r, 7, 100, 1)).expect("slot");
+    assert!(matches!(r.last(&mut short).1, Event::Finished { .. }));
+    assert_eq!(
+        r.fake.log().steps,
+        2,
+        "the short prompt was fed in the next step, not after the long one's five chunks"
+    );
+    assert!(matches!(r.last(&mut long).1, Event::Finished { .. }));
+    let log = r.fake.log();
+    assert_eq!(
+        log.steps, 7,
+        "3100 prompt tokens in 7 steps of 512: no budget was lost"
+    );
+    assert_eq!(log.most_prefill, STEP_TOKENS as usize);
+}
+
+#[test]
+fn a_long_prompt_advances_while_shorter_ones_keep_overtaking_it() {
+    // Three slots keep taking fresh 600-token prompts, more than a step's budget between
+    // them, all shorter than the long prompt: it still gets its quarter of every step.
+    let mut r = rig(plan(4, 4));
+    let mut long = r.submit(prompt_of(&r, 6, 3000, 1)).expect("slot");
+    let mut next_token = 10;
+    let mut shorts: Vec<_> = (0..3)
+        .map(|_| {
+            next_token += 1;
+            r.submit(prompt_of(&r, next_token, 600, 1)).expect("slot")
+        })
+        .collect();
+    let mut overtook = 0;
+    let mut long_done = false;
+    for _ in 0..40 {
+        r.turn();
+        while let Ok(event) = long.try_recv() {
+            long_done |= !matches!(event, Event::Admitted { .. });
+        }
+        if long_done {
+            break;
+        }
+        for rx in &mut shorts {
+            if let Ok(Event::Finished { .. }) = rx.try_recv() {
+                overtook += 1;
+                next_token += 1;
+                *rx = r.submit(prompt_of(&r, next_token, 600, 1)).expect("slot");
+            }
+        }
+    }
+    assert!(long_done, "the long prompt never got its first token");
+    let steps = r.fake.log().steps;
+    assert!(
+        steps <= 24,
+        "3000 tokens at a quarter of 512 per step or more: done by step 24, took {steps}"
+    );
+    assert!(
+        overtook >= 6,
+        "shorter prompts overtook it meanwhile: {overtook}"
+    );
+}
+
 /// `plan` with the given prompt-reuse mode.
 fn with_mode(mut p: EnginePlan, mode: PrefixCache) -> EnginePlan {
     p.prefix_cache = mode;
