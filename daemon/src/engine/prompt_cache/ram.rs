@@ -10,6 +10,14 @@ pub fn charge(tokens: usize, payload: usize) -> u64 {
     (payload + 4 * tokens + 64) as u64
 }
 
+/// The share of an entry's tokens (as a fraction num/den) another must share with it,
+/// from the start, for the two to be siblings (see [`RamTier::insert`]).
+const SIBLING_SHARE: (usize, usize) = (3, 4);
+
+fn siblings(shared: usize, len: usize) -> bool {
+    shared * SIBLING_SHARE.1 >= len * SIBLING_SHARE.0
+}
+
 #[derive(Debug)]
 struct Entry {
     tokens: Arc<[i32]>,
@@ -29,7 +37,8 @@ pub struct RamTier {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Inserted {
     pub stored: bool,
-    /// Entries evicted to make room (not those the new one subsumes).
+    /// Entries evicted to make room (not those the new one subsumes or replaces as their
+    /// sibling).
     pub evicted: u64,
 }
 
@@ -94,19 +103,28 @@ impl RamTier {
     }
 
     /// Stores a prefix, replacing entries it subsumes (their tokens are a prefix of its
-    /// own) and evicting the least recently used until it fits. One larger than the whole
-    /// budget is not stored.
+    /// own) or that are its siblings, and evicting the least recently used until it fits.
+    /// One larger than the whole budget is not stored.
+    ///
+    /// Siblings share at least [`SIBLING_SHARE`] of both their tokens: one application's
+    /// system prompt followed by two short questions. Keeping both would hold the shared
+    /// prompt's KV twice, so the newer (the likelier to continue) replaces the older, and
+    /// the tier holds more distinct prompts; a reuse of the older then recomputes only its
+    /// short tail. Entries whose own tails are long (two chats on one system prompt) are
+    /// not siblings and are both kept.
     pub fn insert(&mut self, tokens: Arc<[i32]>, payload: Arc<Vec<u8>>) -> Inserted {
         let cost = charge(tokens.len(), payload.len());
         if cost > self.budget {
             return Inserted::default();
         }
         self.entries.retain(|e| {
-            let subsumed = common_prefix(&e.tokens, &tokens) == e.tokens.len();
-            if subsumed {
+            let shared = common_prefix(&e.tokens, &tokens);
+            let replaced = shared == e.tokens.len()
+                || (siblings(shared, e.tokens.len()) && siblings(shared, tokens.len()));
+            if replaced {
                 self.bytes -= charge(e.tokens.len(), e.payload.len());
             }
-            !subsumed
+            !replaced
         });
         let mut evicted = 0;
         while self.bytes + cost > self.budget {
@@ -161,6 +179,36 @@ mod tests {
         assert_eq!(ram.len(), 2, "[1, 2, 3] is inside [1, 2, 3, 4]");
         assert_eq!(ram.bytes(), charge(2, 100) + charge(4, 200));
         assert_eq!(ram.longest(&[1, 2, 3, 4, 5]).map(|h| h.1), Some(4));
+    }
+
+    #[test]
+    fn a_sibling_replaces_the_entry_it_mostly_duplicates_and_long_tails_are_kept() {
+        let mut ram = RamTier::new(1_000_000);
+        let system: Vec<i32> = (100..190).collect();
+        let with = |tail: &[i32]| -> Vec<i32> { system.iter().chain(tail).copied().collect() };
+        let (t, p) = entry(&with(&[1; 10]), 1000);
+        ram.insert(t, p);
+        // The same 90-token prompt, another 10-token question: 90 of 100 shared.
+        let (t, p) = entry(&with(&[3; 10]), 1000);
+        assert_eq!(
+            ram.insert(t, p),
+            Inserted {
+                stored: true,
+                evicted: 0
+            }
+        );
+        assert_eq!(ram.len(), 1, "the older sibling was replaced");
+        assert!(ram.covers(&with(&[3; 10])) && !ram.covers(&with(&[1; 10])));
+        assert_eq!(ram.bytes(), charge(100, 1000));
+        // A chat on the same prompt with a 60-token history: 90 of 150 shared, kept beside.
+        let (t, p) = entry(&with(&[4; 60]), 1000);
+        ram.insert(t, p);
+        assert_eq!(ram.len(), 2);
+        // A second such chat: its tail is long too, so both chats stay.
+        let (t, p) = entry(&with(&[5; 60]), 1000);
+        ram.insert(t, p);
+        assert_eq!(ram.len(), 3);
+        assert_eq!(ram.longest(&with(&[4; 61])).map(|h| h.1), Some(150));
     }
 
     #[test]
