@@ -19,12 +19,15 @@ chat template as inferloopd uses it, so both see the same prompt tokens):
   peer-draft           llama-server --spec-type draft-simple --model-draft PATH (with --draft-model)
 
 With --draft-model the main model defaults to the Q8_0 copy (make model-q8) and the draft is
-the file given (the Q4_1 default model). A configuration whose server refuses to start (ours
-refuses `--spec draft` until it is implemented) is reported as unavailable and the run goes on.
+the file given (the Q4_1 default model). A configuration whose server refuses to start (for
+instance a draft model with another vocabulary) is reported as unavailable and the run goes on.
 
-Each configuration runs on a fresh server, one at a time, warmed up on a short request. Per
-workload: --prompts requests one at a time, then --rounds rounds of --streams requests
-released together (the prompts in turn). Prompt reuse is off in both servers (inferloopd
+Every configuration's server is started at the start (each warmed up on a short request) and
+they take turns: per workload, each of --prompts requests goes to every server in turn (one
+request at a time on the machine, the order rotated by one per prompt) before the next prompt,
+then each of --rounds rounds of --streams requests released together likewise. Drift over the
+run (a shared host's neighbours, thermal state) thus falls on every configuration alike,
+instead of on whichever ran last. Prompt reuse is off in both servers (inferloopd
 --prefix-cache off --prompt-cache-ram-mb 0, llama-server --no-cache-prompt --cache-ram 0), so
 every request is a full prefill, repeats included. Measured the same way for both servers:
 
@@ -203,63 +206,131 @@ def record(r: dict[str, Any], index: int) -> dict[str, Any]:
             "text": r["text"]}
 
 
-def run_workload(base_url: str, model_id: str, workload: str,
-                 args: argparse.Namespace) -> dict[str, Any]:
-    """One workload on a running server: its requests one at a time, then the rounds."""
+def run_request(srv: "Server", messages: list[dict[str, str]], index: int,
+                args: argparse.Namespace, label: str) -> dict[str, Any]:
+    r = record(stream_messages(srv.base_url, srv.model_id, messages, args.max_tokens), index)
+    print(f"    [{srv.name}] {label}: {r['prompt_tokens']} prompt tokens, {r['completion_tokens']} "
+          f"generated, decode {fmt(r['decode_tps'])} tok/s ({r['decode_from']})", file=sys.stderr)
+    return r
+
+
+class Server:
+    """One configuration's running server and what it measured so far."""
+
+    def __init__(self, name: str, args: argparse.Namespace, log_dir: Path):
+        self.name = name
+        argv, self.base_url, ready_path = server_argv(name, args)
+        self.out: dict[str, Any] = {"server": CONFIGS[name][0], "argv": argv, "workloads": {}}
+        self.model_id = ""
+        self.proc: Daemon | None = None
+        print(f"[{name}] starting: {' '.join(argv)}", file=sys.stderr)
+        try:
+            self.proc = Daemon(argv, log_dir / f"speed-{name}.log", base_url=self.base_url,
+                               ready_path=ready_path)
+        except OSError as e:
+            self.out.update(status="unavailable", reason=str(e))
+            return
+        self.out["log"] = str(self.proc.log_path)
+        try:
+            self.base_url = self.proc.wait_ready(args.ready_timeout)
+            self.model_id = get_json(self.base_url, "/v1/models", None)["data"][0]["id"]
+            # First-request costs (page faults in the weights) are not steady state.
+            stream_messages(self.base_url, self.model_id, [{"role": "user", "content": "Hi"}], 8)
+        except BenchError as e:
+            self.out.update(status="unavailable", reason=last_lines(str(e)))
+            return
+        except MEASURE_ERRORS as e:
+            self.out.update(status="error", reason=str(e))
+            return
+        self.out["status"] = "ok"
+
+    @property
+    def ok(self) -> bool:
+        return self.out.get("status") == "ok"
+
+    def fail(self, e: BaseException) -> None:
+        """A request failed: the configuration is `error` and gets no more requests."""
+        self.out.update(status="error", reason=str(e))
+        print(f"[{self.name}] error: {e}", file=sys.stderr)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        rc = self.proc.stop()
+        if self.ok and rc != 0:
+            print(f"speed: warning: {self.name} exited with status {rc} (log: {self.proc.log_path})",
+                  file=sys.stderr)
+
+
+# What a configuration's failing request raises; any of them marks it `error` and the bench goes on.
+MEASURE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError, KeyError)
+
+
+def turns(servers: list[Server], k: int) -> list[Server]:
+    """The running servers in the order they take turn `k`: rotated by one each turn, so that
+    none is always measured first or right after the same neighbour."""
+    live = [s for s in servers if s.ok]
+    if not live:
+        return []
+    k %= len(live)
+    return live[k:] + live[:k]
+
+
+def run_workload(servers: list[Server], workload: str, args: argparse.Namespace) -> None:
+    """One workload on every running server, interleaved: each prompt goes to every server in
+    turn before the next prompt, then each round of concurrent streams likewise, so that the
+    machine's drift over the run (a shared host's neighbours, thermal state) falls on all
+    configurations alike instead of on whichever ran last."""
     requests = speed_workloads.prompts(workload, args.prompts, args.seed)
-    before = prefix_metrics.scrape(base_url)
-    single = []
+    before = {s.name: prefix_metrics.scrape(s.base_url) for s in servers if s.ok}
+    single: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
     for i, messages in enumerate(requests):
-        r = stream_messages(base_url, model_id, messages, args.max_tokens)
-        single.append(record(r, i))
-        print(f"    {workload} {i + 1}/{len(requests)}: {r['prompt_tokens']} prompt tokens, "
-              f"{r['completion_tokens']} generated, decode {fmt(single[-1]['decode_tps'])} tok/s "
-              f"({single[-1]['decode_from']})", file=sys.stderr)
-    rounds = []
+        for srv in turns(servers, i):
+            try:
+                single[srv.name].append(run_request(srv, messages, i, args,
+                                                    f"{workload} {i + 1}/{len(requests)}"))
+            except MEASURE_ERRORS as e:
+                srv.fail(e)
+    rounds: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
     for n in range(args.rounds):
         idx = [(n * args.streams + j) % len(requests) for j in range(args.streams)]
         msgs = [requests[i] for i in idx]
-        streams = [record(r, i) for r, i in zip(one_round(base_url, model_id, msgs, args.max_tokens), idx)]
-        rounds.append({"streams": streams, "aggregate_decode_tps": aggregate_decode_tps(streams),
-                       "aggregate_tps": round_tps(streams)})
-        print(f"    {workload} round {n + 1}/{args.rounds}: aggregate decode "
-              f"{fmt(rounds[-1]['aggregate_decode_tps'])} tok/s", file=sys.stderr)
-    after = prefix_metrics.scrape(base_url)
-    spec_metrics = {"drafted": prefix_metrics.delta(before, after, METRIC_DRAFTED),
-                    "accepted": prefix_metrics.delta(before, after, METRIC_ACCEPTED)}
-    return summarize(single, rounds, spec_metrics)
+        for srv in turns(servers, n):
+            try:
+                got = one_round(srv.base_url, srv.model_id, msgs, args.max_tokens)
+            except MEASURE_ERRORS as e:
+                srv.fail(e)
+                continue
+            streams = [record(r, i) for r, i in zip(got, idx)]
+            rounds[srv.name].append({"streams": streams,
+                                     "aggregate_decode_tps": aggregate_decode_tps(streams),
+                                     "aggregate_tps": round_tps(streams)})
+            print(f"    [{srv.name}] {workload} round {n + 1}/{args.rounds}: aggregate decode "
+                  f"{fmt(rounds[srv.name][-1]['aggregate_decode_tps'])} tok/s", file=sys.stderr)
+    for srv in servers:
+        if not srv.ok:
+            continue
+        after = prefix_metrics.scrape(srv.base_url)
+        spec_metrics = {"drafted": prefix_metrics.delta(before[srv.name], after, METRIC_DRAFTED),
+                        "accepted": prefix_metrics.delta(before[srv.name], after, METRIC_ACCEPTED)}
+        srv.out["workloads"][workload] = summarize(single[srv.name], rounds[srv.name], spec_metrics)
 
 
-def run_config(name: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    """Starts the configuration's server, runs every workload on it, stops it. A server that
-    does not come up is `unavailable` (with its last log lines); one that fails a request
-    mid-run is `error`; either way the bench goes on."""
-    argv, base_url, ready_path = server_argv(name, args)
-    print(f"[{name}] starting: {' '.join(argv)}", file=sys.stderr)
-    out: dict[str, Any] = {"server": CONFIGS[name][0], "argv": argv, "workloads": {}}
+def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Starts every configuration's server (each idles while another is measured), runs the
+    workloads interleaved across them, stops them all. A server that does not come up is
+    `unavailable` (with its last log lines); one that fails a request mid-run is `error`;
+    either way the bench goes on with the others."""
+    servers: list[Server] = []
     try:
-        proc = Daemon(argv, log_dir / f"speed-{name}.log", base_url=base_url, ready_path=ready_path)
-    except OSError as e:
-        return {**out, "status": "unavailable", "reason": str(e)}
-    out["log"] = str(proc.log_path)
-    try:
-        try:
-            base_url = proc.wait_ready(args.ready_timeout)
-        except BenchError as e:
-            return {**out, "status": "unavailable", "reason": last_lines(str(e))}
-        out["model_id"] = get_json(base_url, "/v1/models", None)["data"][0]["id"]
-        # First-request costs (page faults in the weights) are not steady state.
-        stream_messages(base_url, out["model_id"], [{"role": "user", "content": "Hi"}], 8)
+        for name in args.configs:
+            servers.append(Server(name, args, log_dir))
         for workload in args.workloads:
-            out["workloads"][workload] = run_workload(base_url, out["model_id"], workload, args)
-        out["status"] = "ok"
-    except (BenchError, OSError, http.client.HTTPException, ValueError, KeyError) as e:
-        out.update(status="error", reason=str(e))
+            run_workload(servers, workload, args)
     finally:
-        rc = proc.stop()
-    if out["status"] == "ok" and rc != 0:
-        print(f"speed: warning: {name} exited with status {rc} (log: {proc.log_path})", file=sys.stderr)
-    return out
+        for srv in servers:
+            srv.stop()
+    return {srv.name: srv.out for srv in servers}
 
 
 def last_lines(text: str, n: int = 4) -> str:
@@ -558,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft_model and Path(args.draft_model).resolve() == Path(args.model).resolve():
         print("speed: warning: the draft model is the main model", file=sys.stderr)
     t0 = time.monotonic()
-    configs = {name: run_config(name, args, output.parent) for name in args.configs}
+    configs = run_all(args, output.parent)
     result = {
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),

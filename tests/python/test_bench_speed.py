@@ -119,12 +119,60 @@ def test_a_server_that_refuses_to_start_is_reported_unavailable(tmp_path):
     refuser.chmod(refuser.stat().st_mode | stat.S_IEXEC)
     args = speed.parse_args(["--daemon", str(refuser), "--draft-model", "d.gguf",
                              "--ready-timeout", "20"])
-    run = speed.run_config("ours-draft", args, tmp_path)
-    assert run["status"] == "unavailable"
+    srv = speed.Server("ours-draft", args, tmp_path)
+    run = srv.out
+    assert run["status"] == "unavailable" and not srv.ok
     assert "not implemented" in run["reason"]
     assert run["workloads"] == {}
     rows = speed.config_rows({"ours-draft": run}, "grounded")
     assert rows[1][:2] == ("ours-draft", "unavailable")
+
+
+def idle_server(name: str) -> speed.Server:
+    """A Server as if started, without a process: run_workload only reads its name, URL and
+    model id (the HTTP calls are replaced in the test)."""
+    srv = object.__new__(speed.Server)
+    srv.name, srv.base_url, srv.model_id, srv.proc = name, f"http://{name}", "m", None
+    srv.out = {"server": "test", "workloads": {}, "status": "ok"}
+    return srv
+
+
+def test_turns_rotate_so_no_configuration_is_always_first():
+    servers = [idle_server(n) for n in ("a", "b", "c")]
+    orders = [[s.name for s in speed.turns(servers, k)] for k in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    servers[1].out["status"] = "error"
+    assert [s.name for s in speed.turns(servers, 1)] == ["c", "a"], "a failed server gets no turn"
+
+
+def test_each_prompt_goes_to_every_server_before_the_next_and_a_failing_one_drops_out(monkeypatch):
+    sent: list[tuple[str, str]] = []
+
+    def stream(base_url, model_id, messages, max_tokens):
+        name, prompt = base_url.removeprefix("http://"), messages[-1]["content"]
+        if name == "b" and len(sent) > 3:
+            raise speed.BenchError("connection reset")
+        sent.append((name, prompt))
+        return {"ttft_ms": 10.0, "decode_tps": 50.0, "completion_tokens": 5, "prompt_tokens": 7,
+                "finish_reason": "stop", "t_start": 0.0, "t_end": 1.0, "text": "t",
+                "server_timings": {"predicted_per_second": 60.0}}
+
+    monkeypatch.setattr(speed, "stream_messages", stream)
+    monkeypatch.setattr(speed.prefix_metrics, "scrape", lambda url: {})
+    monkeypatch.setattr(speed.speed_workloads, "prompts",
+                        lambda w, n, seed: [[{"role": "user", "content": f"p{i}"}] for i in range(n)])
+    args = speed.parse_args(["--prompts", "3", "--rounds", "1", "--streams", "2"])
+    servers = [idle_server(n) for n in ("a", "b")]
+    speed.run_workload(servers, "chat", args)
+    # p0: a then b; p1: b then a; p2: a, then b fails; the round: a alone.
+    assert sent[:4] == [("a", "p0"), ("b", "p0"), ("b", "p1"), ("a", "p1")]
+    assert [n for n, _ in sent[4:]] == ["a", "a", "a"]
+    assert servers[1].out["status"] == "error" and "connection reset" in servers[1].out["reason"]
+    w = servers[0].out["workloads"]["chat"]
+    assert [r["prompt"] for r in w["single"]["requests"]] == [0, 1, 2]
+    assert w["single"]["decode_tps_median"] == 60.0, "the server's own decode rate"
+    assert w["concurrent"]["aggregate_decode_tps_median"] == 120.0
+    assert "chat" not in servers[1].out["workloads"]
 
 
 # --- figures -------------------------------------------------------------------------------

@@ -325,6 +325,15 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         if prompt_tokens == 0 {
             self.step_cost.observe(plan.tokens(), took.as_secs_f64());
         }
+        // Per step, for profiling (`RUST_LOG=inferloopd::step=trace`): what a step fed and
+        // what it cost, beside the time the scheduler spent between steps.
+        tracing::trace!(
+            target: "inferloopd::step",
+            rows = plan.tokens(),
+            prompt_tokens,
+            sequences = fed.len(),
+            backend_us = took.as_micros() as u64,
+        );
         self.idle_saved = false;
         drop(plan);
         if outcomes.len() != fed.len() {
