@@ -138,8 +138,10 @@ run: deps model build
 
 # clippy runs with --release so that it reuses the release build of llama.cpp
 # (llama-cpp-sys-2 builds it again, as RelWithDebInfo, for the dev profile:
-# minutes on 2 cores). It lints the same code, and q8-bench again with its only feature.
-CLIPPY_Q8_BENCH = cargo clippy --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench -- -D warnings
+# minutes on 2 cores). It lints the same code. Every cargo command here takes the whole
+# workspace (`--workspace`, then `--bin`/`--example` to pick targets), never `-p`: a build of
+# some packages only resolves the dependencies' features otherwise and compiles them, and the
+# daemon, once more.
 # fuzz/ is its own workspace (it pulls in libFuzzer); linted in the main target directory,
 # where the daemon's llama.cpp is already built.
 CLIPPY_FUZZ = CARGO_TARGET_DIR=$(abspath target) cargo clippy --manifest-path fuzz/Cargo.toml --release $(LOCKED) --bins -- -D warnings
@@ -149,7 +151,6 @@ test: deps model model-q8 router-wheels $(ROUTER_STAMP)
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
-	$(CLIPPY_Q8_BENCH)
 	$(CLIPPY_FUZZ)
 	cargo test --workspace --release $(LOCKED)
 	$(MAKE) --no-print-directory pytest
@@ -180,14 +181,14 @@ pytest: $(VENV)/.installed $(ROUTER_STAMP) model build
 	CODEX_BIN=$(abspath $(CODEX_BIN)) INFERLOOPD=$(abspath $(BIN)) $(VENV)/bin/pytest -q -rs --durations=12 tests/python
 
 bench: $(VENV)/.installed model build model-q8
-	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
+	cargo build --release $(LOCKED) --workspace --example raw_decode
 	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode \
 	  --native-model $(MODEL_Q8) $(BENCH_ARGS)
 
 # The peer is llama.cpp's own llama-server, built by scripts/build-peer.sh into peer/.
 bench-peer: $(VENV)/.installed model build
 	scripts/build-peer.sh
-	cargo build --release $(LOCKED) -p inferloopd --example raw_decode
+	cargo build --release $(LOCKED) --workspace --example raw_decode
 	$(VENV)/bin/python bench/bench.py --daemon $(BIN) --model $(MODEL) --reference target/release/examples/raw_decode --peer peer/llama-server $(BENCH_ARGS)
 
 # Prompt reuse: TTFT on shared system prompts, 8 apps over 4 slots, multi-turn chats and
@@ -304,7 +305,7 @@ kernels-check:
 # --device cuda, each against the CPU twins (~3 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
-	cargo build --release $(LOCKED) -p inferloop-cuda-sim --bin cuda-sim
+	cargo build --release $(LOCKED) --workspace --bin cuda-sim
 	target/release/cuda-sim --out out/cuda-sim
 
 cuda-sim-test: $(VENV)/.installed model-q8
@@ -323,17 +324,19 @@ kernels-test-aarch64:
 # Jetson). kernels/ is the layout the daemon looks for next to its binary, in
 # INFERLOOP_KERNELS_DIR or in /usr/lib/inferloop/kernels.
 TARGET ?=
+# The whole workspace, as `make build` and `make test` build it, so that their artifacts are
+# reused: a build of only some packages resolves its dependencies' features differently and
+# compiles them, and the daemon, again (minutes). A cross build has nothing to reuse.
+BUNDLE_SCOPE = $(if $(TARGET),-p inferloop-kernels -p inferloopd --target $(TARGET),--workspace)
 device-bundle: kernels-check
-	rm -rf out/device && mkdir -p out/device/tests out/device/kernels
-	cargo test --release $(LOCKED) -p inferloop-kernels --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
-	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/tests/") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]]'
-	# After the tests: `cargo test` rebuilds the binaries without the feature.
-	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench --bin gpu-preflight $(if $(TARGET),--target $(TARGET))
-	mkdir -p out/device/daemon
-	cargo build --release $(LOCKED) -p inferloopd --example native_decode $(if $(TARGET),--target $(TARGET))
+	rm -rf out/device && mkdir -p out/device/tests out/device/kernels out/device/daemon
+	cargo test --release $(LOCKED) $(BUNDLE_SCOPE) --no-run --message-format=json > out/device/.cargo-tests.json
+	scripts/pick-test-executables.py inferloop-kernels out/device/tests < out/device/.cargo-tests.json
+	scripts/pick-test-executables.py inferloopd out/device/daemon --lib-only inferloopd-lib < out/device/.cargo-tests.json
+	rm out/device/.cargo-tests.json
+	# q8-bench and gpu-preflight read the thermal state: the daemon turns the kernels' feature on.
+	cargo build --release $(LOCKED) $(BUNDLE_SCOPE) --bin q8-bench --bin gpu-preflight --example native_decode
 	cp target/$(if $(TARGET),$(TARGET)/)release/examples/native_decode out/device/daemon/
-	cargo test --release $(LOCKED) -p inferloopd --lib --no-run $(if $(TARGET),--target $(TARGET)) --message-format=json \
-	  | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], "out/device/daemon/inferloopd-lib") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"] and m["target"]["name"]=="inferloopd"]'
 	cp target/$(if $(TARGET),$(TARGET)/)release/q8-bench target/$(if $(TARGET),$(TARGET)/)release/gpu-preflight scripts/device-check.sh out/device/
 	cp -r out/kernels/sm_* out/kernels/ptx out/device/kernels/
 	du -sh out/device
@@ -352,7 +355,7 @@ device-check-rehearse: device-bundle cuda-sim
 
 DEVICE ?= cpu
 kernel-bench:
-	cargo build --release $(LOCKED) -p inferloop-kernels --features thermal --bin q8-bench
+	cargo build --release $(LOCKED) --workspace --bin q8-bench
 	mkdir -p out/kernels
 	target/release/q8-bench --device $(DEVICE) --json out/kernels/bench-$(DEVICE).json $(BENCH_ARGS)
 
@@ -369,7 +372,7 @@ gpu-sim-bench:
 # allocation beyond the input's size (~30 minutes on 2 cores; make test runs 10,000).
 .PHONY: fuzz-gguf
 fuzz-gguf: model
-	GGUF_MUTATIONS=1000000 cargo test --release $(LOCKED) -p inferloop-gguf --test mutation -- --nocapture
+	GGUF_MUTATIONS=1000000 cargo test --release $(LOCKED) --workspace --test mutation -- --nocapture
 
 # Coverage-guided fuzzing with libFuzzer (cargo fuzz; fuzz/, docs/fuzzing.md): request
 # bodies through validation, hostile chat templates, the tool-call parsers whole vs
@@ -397,7 +400,6 @@ fmt:
 
 clippy:
 	cargo clippy --workspace --all-targets --release $(LOCKED) -- -D warnings
-	$(CLIPPY_Q8_BENCH)
 	$(CLIPPY_FUZZ)
 
 # Keeps models/ (a re-download is ~100 MB); `rm -rf models` for that.
@@ -434,7 +436,7 @@ cross-test: model $(CROSS_BIN)
 	scripts/cross-test.sh
 
 image-tool: deps
-	cargo build --release $(LOCKED) -p inferloop-image
+	cargo build --release $(LOCKED) --workspace --bin inferloop-image
 
 base-rootfs:
 	scripts/make-base-rootfs.sh out/base-rootfs
@@ -481,7 +483,7 @@ QUAL_BIN  := target/release/inferloop-qual
 .PHONY: qual
 
 qual: deps model
-	cargo build --release $(LOCKED) -p inferloopd -p inferloop-qual
+	cargo build --release $(LOCKED) --workspace --bin inferloopd --bin inferloop-qual
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL) --report $(QUAL_OUT) $(QUAL_ARGS)
 
 # The same cases against llama.cpp's llama-server (scripts/build-peer.sh builds it into
@@ -496,7 +498,7 @@ QUAL_PEER_OUT ?= out/qual-peer
 .PHONY: qual-peer
 qual-peer: deps model
 	scripts/build-peer.sh
-	cargo build --release $(LOCKED) -p inferloop-qual
+	cargo build --release $(LOCKED) --workspace --bin inferloop-qual
 	mkdir -p $(QUAL_PEER_OUT)
 	port=$$($(PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
 	peer/llama-server -m $(MODEL) --host 127.0.0.1 --port $$port -t 2 -np 4 -c 8192 --no-webui --jinja \
@@ -511,7 +513,7 @@ qual-peer: deps model
 # `openai` client tests, every daemon started with --backend native --device cpu.
 .PHONY: test-native
 test-native: $(VENV)/.installed model-q8
-	cargo build --release $(LOCKED) -p inferloop-qual
+	cargo build --release $(LOCKED) --workspace --bin inferloop-qual
 	$(QUAL_BIN) --spawn $(BIN) --model $(MODEL_Q8) --serve-args "--backend native --device cpu" \
 	  --report out/qual-native $(QUAL_ARGS)
 	INFERLOOPD=$(abspath $(BIN)) INFERLOOP_TEST_MODEL=$(abspath $(MODEL_Q8)) \
@@ -562,7 +564,7 @@ ota-demo: image-tool
 .PHONY: ota-agent goosebit fleet-test fleet-demo
 
 ota-agent: deps
-	cargo build --release $(LOCKED) -p inferloop-ota
+	cargo build --release $(LOCKED) --workspace --bin inferloop-ota
 
 goosebit:
 	scripts/goosebit.sh install
@@ -612,7 +614,7 @@ vm-deps:
 	scripts/install-vm-deps.sh $(VM_ARCH)
 
 qual-tool: deps
-	cargo build --release $(LOCKED) -p inferloop-qual
+	cargo build --release $(LOCKED) --workspace --bin inferloop-qual
 
 image-debian: vm-deps image-tool ota-keys $(VM_DAEMON)
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(IMAGE_BIN) build --spec $(VM_SPEC) --out $(VM_IMAGE) \

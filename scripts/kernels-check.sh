@@ -26,11 +26,12 @@ ptxas="$site/nvidia/cuda_nvcc/bin/ptxas"
 [ -f "$nvrtc_lib/libnvrtc.so.12" ] || { echo "kernels-check: no libnvrtc.so.12 under $nvrtc_lib" >&2; exit 1; }
 [ -x "$ptxas" ] || { echo "kernels-check: no ptxas at $ptxas" >&2; exit 1; }
 
-cargo build --release --locked -p inferloop-kernels --bin kernels-check
+# --workspace: the artifacts of `make build` and `make test` are reused (see the Makefile).
+cargo build --release --locked --workspace --bin kernels-check
 rm -rf out/kernels/sm_* out/kernels/ptx out/kernels/build
 # The crate opens libnvrtc by its versioned names: the wheel's directory goes on the path.
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     target/release/kernels-check --ptxas "$ptxas" --ptx-isa 8.2 --out out/kernels "$@"
 # The NVRTC tests (every source for the shipped targets) with that NVRTC loaded.
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --release --locked -p inferloop-kernels --test ops -- nvrtc
+    cargo test --release --locked --workspace --test ops -- nvrtc
