@@ -17,6 +17,7 @@ chat template as inferloopd uses it, so both see the same prompt tokens):
   peer-q8kv            llama-server -ctk q8_0 -ctv q8_0 -fa on (a quantized V needs flash
                        attention; inferloopd turns it on itself)
   peer-draft           llama-server --spec-type draft-simple --model-draft PATH (with --draft-model)
+  ours-ngram-ab        another inferloopd build (--ab-daemon BIN) with --spec ngram: an A/B
 
 With --draft-model the main model defaults to the Q8_0 copy (make model-q8) and the draft is
 the file given (the Q4_1 default model). A configuration whose server refuses to start (for
@@ -52,7 +53,7 @@ speculation as without (ours and llama-server's, each against its own `off`).
 
 Usage:
   bench/speed.py [--quick] [--configs NAME ...] [--workloads grounded code chat]
-                 [--draft-model PATH] [--model PATH] [--prompts N] [--rounds N]
+                 [--draft-model PATH] [--ab-daemon BIN] [--model PATH] [--prompts N] [--rounds N]
                  [--max-tokens N] [--output PATH] [--daemon-arg F] [--peer-arg F]
   make bench-speed BENCH_ARGS="--quick"
 
@@ -100,12 +101,16 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "peer-ngram-map-k": ("llama-server", ["--spec-type", "ngram-map-k"]),
     "peer-q8kv": ("llama-server", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]),
     "peer-draft": ("llama-server", ["--spec-type", "draft-simple", "--model-draft", DRAFT]),
+    # Runs only with --ab-daemon: another inferloopd build, side by side with this one.
+    "ours-ngram-ab": ("inferloopd", ["--spec", "ngram"]),
 }
+AB_CONFIG = "ours-ngram-ab"
 PEER_NGRAM = ("peer-ngram-simple", "peer-ngram-map-k")
 # (numerator, denominator) of every ratio reported; "peer-best" is the faster of PEER_NGRAM.
 RATIOS = [("ours-ngram", "ours-off"), ("ours-ngram", "peer-best"), ("peer-best", "peer-off"),
           ("ours-ngram-q8kv", "ours-ngram"), ("peer-q8kv", "peer-off"),
-          ("ours-draft", "ours-off"), ("ours-draft", "peer-draft")]
+          ("ours-draft", "ours-off"), ("ours-draft", "peer-draft"),
+          ("ours-ngram-ab", "ours-off"), ("ours-ngram", "ours-ngram-ab")]
 # Issue 35's targets: the least each ratio of one-stream decode tok/s may be, per workload.
 TARGETS: dict[str, dict[str, float]] = {
     "grounded": {"ours-ngram/ours-off": 1.5, "ours-ngram/peer-best": 1.1},
@@ -113,7 +118,7 @@ TARGETS: dict[str, dict[str, float]] = {
     "chat": {"ours-ngram/ours-off": 0.97},
 }
 # Same temperature-0 text with speculation as without: (speculating, baseline).
-SAME_TEXT = [("ours-ngram", "ours-off"), ("ours-draft", "ours-off"),
+SAME_TEXT = [("ours-ngram", "ours-off"), ("ours-draft", "ours-off"), ("ours-ngram-ab", "ours-off"),
              ("peer-ngram-simple", "peer-off"), ("peer-ngram-map-k", "peer-off"),
              ("peer-draft", "peer-off")]
 # Every request a full prefill, a repeated prompt included: decode is measured here, and a
@@ -128,15 +133,20 @@ METRIC_ACCEPTED = "inferloop_spec_accepted_tokens_total"
 # --- configurations ------------------------------------------------------------------------
 
 
-def selected_configs(names: list[str] | None, draft_model: str | None) -> list[str]:
+def selected_configs(names: list[str] | None, draft_model: str | None,
+                     ab_daemon: str | None = None) -> list[str]:
     """The configurations to run, in CONFIGS' order: `names` or all; those needing a draft
-    model only when one is given."""
+    model only when one is given, the A/B one only with a second build."""
     chosen = names or list(CONFIGS)
     needs_draft = [n for n in chosen if DRAFT in CONFIGS[n][1]]
     if draft_model is None:
         if names and needs_draft:
             raise ValueError(f"{', '.join(needs_draft)} need --draft-model")
         chosen = [n for n in chosen if n not in needs_draft]
+    if ab_daemon is None:
+        if names and AB_CONFIG in names:
+            raise ValueError(f"{AB_CONFIG} needs --ab-daemon")
+        chosen = [n for n in chosen if n != AB_CONFIG]
     return [n for n in CONFIGS if n in chosen]
 
 
@@ -145,7 +155,8 @@ def server_argv(name: str, args: argparse.Namespace) -> tuple[list[str], str | N
     server, flags = CONFIGS[name]
     flags = [args.draft_model if f == DRAFT else f for f in flags]
     if server == "inferloopd":
-        argv = [args.daemon, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
+        binary = args.ab_daemon if name == AB_CONFIG else args.daemon
+        argv = [binary, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
                 "--threads", str(args.threads), "--slots", str(args.slots), "--ctx", str(args.ctx),
                 *NO_PROMPT_REUSE["inferloopd"]]
         return argv + flags + args.daemon_arg, None, "/readyz"
@@ -559,6 +570,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--daemon", default=str(REPO / "target/release/inferloopd"), help="inferloopd binary")
     p.add_argument("--peer", default=str(REPO / "peer/llama-server"),
                    help="llama-server binary (scripts/build-peer.sh)")
+    p.add_argument("--ab-daemon", default=None, metavar="BIN",
+                   help=f"another inferloopd build, run as {AB_CONFIG} (--spec ngram) beside "
+                        "the others: an A/B of two builds in one interleaved run")
     p.add_argument("--daemon-arg", action="append", default=[], help="extra inferloopd serve flag (repeatable)")
     p.add_argument("--peer-arg", action="append", default=[], help="extra llama-server flag (repeatable)")
     p.add_argument("--threads", type=int, default=2)
@@ -588,7 +602,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if unknown:
             p.error(f"unknown {kind}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     try:
-        args.configs = selected_configs(names, args.draft_model)
+        args.configs = selected_configs(names, args.draft_model, args.ab_daemon)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -600,7 +614,8 @@ def check_files(args: argparse.Namespace) -> None:
             ("inferloopd binary", args.daemon, "make build", "inferloopd" in servers),
             ("llama-server binary", args.peer, "scripts/build-peer.sh", "llama-server" in servers),
             ("model", args.model, "make model / make model-q8", True),
-            ("draft model", args.draft_model, "make model", args.draft_model is not None)):
+            ("draft model", args.draft_model, "make model", args.draft_model is not None),
+            ("A/B inferloopd binary", args.ab_daemon, "--ab-daemon", args.ab_daemon is not None)):
         if needed and not Path(path).is_file():
             raise BenchError(f"{what} {path} not found ({hint})")
 
@@ -608,7 +623,7 @@ def check_files(args: argparse.Namespace) -> None:
 def config(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in (
         "threads", "slots", "ctx", "prompts", "rounds", "streams", "max_tokens", "seed", "quick",
-        "model", "draft_model", "workloads", "configs", "daemon_arg", "peer_arg")} | {
+        "model", "draft_model", "ab_daemon", "workloads", "configs", "daemon_arg", "peer_arg")} | {
         "temperature": 0,
         "decode_tps": "the servers' timings.predicted_per_second, (generated - 1) / (last "
                       "token - first token) in the server (records say decode_from: client "

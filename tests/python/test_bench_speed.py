@@ -85,6 +85,18 @@ def test_draft_configurations_run_only_with_a_draft_model_and_it_makes_q8_0_the_
         speed.parse_args(["--configs", "ours-fast"])
 
 
+def test_a_second_build_runs_as_the_ab_configuration_only_when_given():
+    ab = speed.parse_args(["--ab-daemon", "/tmp/other-inferloopd", "--configs", "ours-ngram",
+                           "ours-ngram-ab"])
+    assert ab.configs == ["ours-ngram", "ours-ngram-ab"]
+    argv, _, _ = speed.server_argv("ours-ngram-ab", ab)
+    assert argv[0] == "/tmp/other-inferloopd" and argv[argv.index("--spec") + 1] == "ngram"
+    assert speed.server_argv("ours-ngram", ab)[0][0] == ab.daemon
+    assert "ours-ngram-ab" not in speed.parse_args([]).configs
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--configs", "ours-ngram-ab"])
+
+
 def test_quick_is_smaller_and_explicit_values_win():
     q = speed.parse_args(["--quick"])
     full = speed.parse_args([])
