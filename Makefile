@@ -324,9 +324,7 @@ kernels-test-aarch64:
 # Jetson). kernels/ is the layout the daemon looks for next to its binary, in
 # INFERLOOP_KERNELS_DIR or in /usr/lib/inferloop/kernels.
 TARGET ?=
-# The whole workspace, as `make build` and `make test` build it, so that their artifacts are
-# reused: a build of only some packages resolves its dependencies' features differently and
-# compiles them, and the daemon, again (minutes). A cross build has nothing to reuse.
+# The whole workspace (see clippy's note above); a cross build has nothing to reuse.
 BUNDLE_SCOPE = $(if $(TARGET),-p inferloop-kernels -p inferloopd --target $(TARGET),--workspace)
 device-bundle: kernels-check
 	rm -rf out/device && mkdir -p out/device/tests out/device/kernels out/device/daemon

@@ -225,6 +225,20 @@ def run_request(srv: "Server", messages: list[dict[str, str]], index: int,
     return r
 
 
+# What a configuration's failing request raises; any of them marks it `error` and the bench goes on.
+MEASURE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError, KeyError)
+
+
+def run_round(srv: "Server", msgs: list[list[dict[str, str]]], idx: list[int],
+              args: argparse.Namespace, label: str) -> dict[str, Any]:
+    streams = [record(r, i) for r, i in zip(one_round(srv.base_url, srv.model_id, msgs, args.max_tokens), idx)]
+    r = {"streams": streams, "aggregate_decode_tps": aggregate_decode_tps(streams),
+         "aggregate_tps": round_tps(streams)}
+    print(f"    [{srv.name}] {label}: aggregate decode {fmt(r['aggregate_decode_tps'])} tok/s",
+          file=sys.stderr)
+    return r
+
+
 class Server:
     """One configuration's running server and what it measured so far."""
 
@@ -245,6 +259,7 @@ class Server:
         try:
             self.base_url = self.proc.wait_ready(args.ready_timeout)
             self.model_id = get_json(self.base_url, "/v1/models", None)["data"][0]["id"]
+            self.out["model_id"] = self.model_id
             # First-request costs (page faults in the weights) are not steady state.
             stream_messages(self.base_url, self.model_id, [{"role": "user", "content": "Hi"}], 8)
         except BenchError as e:
@@ -273,10 +288,6 @@ class Server:
                   file=sys.stderr)
 
 
-# What a configuration's failing request raises; any of them marks it `error` and the bench goes on.
-MEASURE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError, KeyError)
-
-
 def turns(servers: list[Server], k: int) -> list[Server]:
     """The running servers in the order they take turn `k`: rotated by one each turn, so that
     none is always measured first or right after the same neighbour."""
@@ -285,6 +296,18 @@ def turns(servers: list[Server], k: int) -> list[Server]:
         return []
     k %= len(live)
     return live[k:] + live[:k]
+
+
+def take_turn(servers: list[Server], k: int, measure) -> dict[str, Any]:
+    """`measure(server)` on every running server in turn `k`'s order: what each returned, by
+    name; a server whose measurement raises is marked `error` and left out."""
+    got = {}
+    for srv in turns(servers, k):
+        try:
+            got[srv.name] = measure(srv)
+        except MEASURE_ERRORS as e:
+            srv.fail(e)
+    return got
 
 
 def run_workload(servers: list[Server], workload: str, args: argparse.Namespace) -> None:
@@ -296,28 +319,18 @@ def run_workload(servers: list[Server], workload: str, args: argparse.Namespace)
     before = {s.name: prefix_metrics.scrape(s.base_url) for s in servers if s.ok}
     single: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
     for i, messages in enumerate(requests):
-        for srv in turns(servers, i):
-            try:
-                single[srv.name].append(run_request(srv, messages, i, args,
-                                                    f"{workload} {i + 1}/{len(requests)}"))
-            except MEASURE_ERRORS as e:
-                srv.fail(e)
+        label = f"{workload} {i + 1}/{len(requests)}"
+        got = take_turn(servers, i, lambda srv: run_request(srv, messages, i, args, label))
+        for name, r in got.items():
+            single[name].append(r)
     rounds: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
     for n in range(args.rounds):
         idx = [(n * args.streams + j) % len(requests) for j in range(args.streams)]
-        msgs = [requests[i] for i in idx]
-        for srv in turns(servers, n):
-            try:
-                got = one_round(srv.base_url, srv.model_id, msgs, args.max_tokens)
-            except MEASURE_ERRORS as e:
-                srv.fail(e)
-                continue
-            streams = [record(r, i) for r, i in zip(got, idx)]
-            rounds[srv.name].append({"streams": streams,
-                                     "aggregate_decode_tps": aggregate_decode_tps(streams),
-                                     "aggregate_tps": round_tps(streams)})
-            print(f"    [{srv.name}] {workload} round {n + 1}/{args.rounds}: aggregate decode "
-                  f"{fmt(rounds[srv.name][-1]['aggregate_decode_tps'])} tok/s", file=sys.stderr)
+        label = f"{workload} round {n + 1}/{args.rounds}"
+        got = take_turn(servers, n, lambda srv: run_round(srv, [requests[i] for i in idx], idx,
+                                                          args, label))
+        for name, r in got.items():
+            rounds[name].append(r)
     for srv in servers:
         if not srv.ok:
             continue

@@ -26,7 +26,7 @@ ptxas="$site/nvidia/cuda_nvcc/bin/ptxas"
 [ -f "$nvrtc_lib/libnvrtc.so.12" ] || { echo "kernels-check: no libnvrtc.so.12 under $nvrtc_lib" >&2; exit 1; }
 [ -x "$ptxas" ] || { echo "kernels-check: no ptxas at $ptxas" >&2; exit 1; }
 
-# --workspace: the artifacts of `make build` and `make test` are reused (see the Makefile).
+# --workspace, never -p: `make build`'s artifacts are reused (ARCHITECTURE.md, the rules).
 cargo build --release --locked --workspace --bin kernels-check
 rm -rf out/kernels/sm_* out/kernels/ptx out/kernels/build
 # The crate opens libnvrtc by its versioned names: the wheel's directory goes on the path.

@@ -326,7 +326,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.step_cost.observe(plan.tokens(), took.as_secs_f64());
         }
         // Per step, for profiling (`RUST_LOG=inferloopd::step=trace`): what a step fed and
-        // what it cost, beside the time the scheduler spent between steps.
+        // what the backend took; the events' timestamps give the time between steps.
         tracing::trace!(
             target: "inferloopd::step",
             rows = plan.tokens(),
