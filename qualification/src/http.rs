@@ -222,6 +222,9 @@ impl fmt::Display for Endpoint {
 }
 
 /// One request, as bytes on the wire.
+/// A request's deadline unless it sets its own (`inferloop-qual --request-timeout` replaces it).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
 #[derive(Debug, Clone)]
 pub struct Request {
     pub method: String,
@@ -242,7 +245,7 @@ impl Request {
             headers: Vec::new(),
             body: None,
             chunked: false,
-            timeout: Duration::from_secs(120),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 

@@ -77,6 +77,8 @@ pub struct Options {
     pub jobs: usize,
     /// Overrides every case's own timeout.
     pub timeout: Option<Duration>,
+    /// Replaces the default deadline of each request to the attached or shared daemon.
+    pub request_timeout: Option<Duration>,
     pub report_dir: Option<PathBuf>,
     pub progress: bool,
 }
@@ -175,6 +177,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
     };
 
     // Attached servers may still be loading; any OpenAI-compatible one may be attached.
+    let target = target.with_request_timeout(opts.request_timeout);
     let ready_via = server::wait_ready(&target, daemon::READY_TIMEOUT)?;
     let (server, info) = match mode {
         // What the suite started is an inferloopd; its /v1/status must answer.

@@ -70,6 +70,11 @@ struct Cli {
     /// Time limit for every case, in seconds (default: each case's own, 240 s for most).
     #[arg(long, value_name = "SECS")]
     timeout: Option<u64>,
+    /// Deadline of each HTTP request that keeps the default (120 s; streams 200 s), in seconds:
+    /// for a daemon known to be slow, such as one under emulation. Cases that set their own
+    /// deadline keep it.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    request_timeout: Option<u64>,
     /// Write report.json, report.md and report.html into this directory.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
@@ -137,6 +142,7 @@ fn main() -> ExitCode {
         filter: cli.filter,
         jobs: cli.jobs.max(1),
         timeout: cli.timeout.map(Duration::from_secs),
+        request_timeout: cli.request_timeout.map(Duration::from_secs),
         report_dir: cli.report.clone(),
         progress: !cli.quiet,
     };

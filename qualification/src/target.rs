@@ -24,6 +24,9 @@ pub struct Target {
     /// The server has inferloopd's own routes (`/v1/status`, `/metrics` with its series);
     /// false for any other OpenAI-compatible server, where asking them skips the case.
     pub inferloopd: bool,
+    /// `--request-timeout`: the deadline of every request that keeps the default one (and at
+    /// least that of a stream), for a server known to be slow, such as one under emulation.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Target {
@@ -33,7 +36,29 @@ impl Target {
             ep,
             key,
             inferloopd: true,
+            request_timeout: None,
         }
+    }
+
+    /// This target with every default request deadline replaced by `limit`.
+    pub fn with_request_timeout(mut self, limit: Option<Duration>) -> Target {
+        self.request_timeout = limit;
+        self
+    }
+
+    /// The deadline `req` is sent with: its own, unless it kept the default and
+    /// `--request-timeout` replaced that; never past [`HTTP_TIMEOUT`] otherwise.
+    fn limit_of(&self, req: &Request) -> Duration {
+        match self.request_timeout {
+            Some(limit) if req.timeout == http::DEFAULT_TIMEOUT => limit,
+            _ => req.timeout.min(HTTP_TIMEOUT),
+        }
+    }
+
+    /// A stream's deadline: [`HTTP_TIMEOUT`], or `--request-timeout` where that is longer.
+    fn stream_limit(&self) -> Duration {
+        self.request_timeout
+            .map_or(HTTP_TIMEOUT, |t| t.max(HTTP_TIMEOUT))
     }
 
     /// This target seen as a server that only promises OpenAI's API.
@@ -64,7 +89,7 @@ impl Target {
     /// Sends a request as given (no key added); an I/O error fails the case.
     pub fn send_raw(&self, req: Request) -> Result<Response, Stop> {
         let what = format!("{} {}", req.method, req.path);
-        let limit = req.timeout.min(HTTP_TIMEOUT);
+        let limit = self.limit_of(&req);
         http::send(&self.ep, &req.timeout(limit)).map_err(|e| {
             Stop::fail(
                 format!("an HTTP response to {what}"),
@@ -87,11 +112,12 @@ impl Target {
 
     /// Streams a request and returns the capture, whatever its status.
     pub fn stream(&self, path: &str, body: &Value) -> Result<Capture, Stop> {
-        let req = self.authed(Request::post(path).json(body).timeout(HTTP_TIMEOUT));
+        let limit = self.stream_limit();
+        let req = self.authed(Request::post(path).json(body).timeout(limit));
         sse::capture(&self.ep, &req).map_err(|e| {
             Stop::fail(
                 format!("a streamed response to POST {path}"),
-                io_text(&e, HTTP_TIMEOUT, &self.ep),
+                io_text(&e, limit, &self.ep),
             )
         })
     }
@@ -390,4 +416,37 @@ pub fn metric_of(text: &str, series: &str) -> Result<f64, Stop> {
             format!("absent; /metrics:\n{}", snippet(text, 1500)),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(limit: Option<u64>) -> Target {
+        let ep = Endpoint::parse("http://127.0.0.1:9").expect("a valid URL");
+        Target::new(ep, None).with_request_timeout(limit.map(Duration::from_secs))
+    }
+
+    #[test]
+    fn a_request_timeout_replaces_only_the_default_deadline() {
+        let slow = target(Some(600));
+        assert_eq!(
+            slow.limit_of(&Request::get("/v1/models")),
+            Duration::from_secs(600)
+        );
+        let own = Request::get("/v1/models").timeout(Duration::from_secs(3));
+        assert_eq!(slow.limit_of(&own), Duration::from_secs(3));
+        assert_eq!(slow.stream_limit(), Duration::from_secs(600));
+        // A shorter one never shortens a stream below the usual deadline.
+        assert_eq!(target(Some(5)).stream_limit(), HTTP_TIMEOUT);
+    }
+
+    #[test]
+    fn without_one_requests_keep_their_deadlines_capped_as_before() {
+        let t = target(None);
+        assert_eq!(t.limit_of(&Request::get("/")), http::DEFAULT_TIMEOUT);
+        let long = Request::get("/").timeout(Duration::from_secs(900));
+        assert_eq!(t.limit_of(&long), HTTP_TIMEOUT);
+        assert_eq!(t.stream_limit(), HTTP_TIMEOUT);
+    }
 }

@@ -158,7 +158,11 @@ def make_disks(work, image_dir, model):
     for d in ("models", "state", "etc", "rauc"):
         (stage / d).mkdir(parents=True)
     # The per-box API key (the daemon refuses to serve 0.0.0.0 without one).
-    (stage / "etc" / "inferloopd.env").write_text(f"INFERLOOP_API_KEY={API_KEY}\n")
+    # VM_DAEMON_ENV adds `;`-separated lines, for reading a failure (e.g.
+    # `RUST_LOG=info,inferloopd::step=trace`: each step's rows and time in the serial log).
+    extra = [l for l in os.environ.get("VM_DAEMON_ENV", "").split(";") if l]
+    (stage / "etc" / "inferloopd.env").write_text(
+        "".join(f"{l}\n" for l in [f"INFERLOOP_API_KEY={API_KEY}", *extra]))
     shutil.copy(model, stage / "models" / MODEL)
     data = work / "data.img"
     data.unlink(missing_ok=True)
@@ -434,7 +438,7 @@ sig smoke-done
 
 # Watchdog: a runtime drop-in (under /run, gone at the next boot) arms the daemon's test-only
 # stall hook; the file it names then blocks the decode loop. It also puts back the image's
-# own WatchdogSec=30 (the TCG drop-in's 90 s is for slow prefills; an idle daemon has none),
+# own WatchdogSec=30 (the TCG drop-in's 600 s is for slow prefills; an idle daemon has none),
 # so the restart is the one a board would see.
 mkdir -p /run/systemd/system/inferloopd.service.d
 printf '[Service]\nEnvironment=INFERLOOP_DEBUG_STALL_FILE=/run/inferloop-debug-stall\nWatchdogSec=30\n' \
@@ -470,8 +474,9 @@ say rauc_after "$(rauc_state)"
 """
 
 HEALTH = r"""
-# inferloop-health runs by itself; report its outcome (a failed check reboots the VM).
-for _ in $(seq 1 400); do
+# inferloop-health runs by itself; report its outcome (a failed check reboots the VM). Its
+# TCG limit is 900 s (rootfs-qemu-virt's drop-in): wait a little longer than that.
+for _ in $(seq 1 1000); do
 	st=$(prop inferloop-health ActiveState)
 	case "$st" in active | failed) break ;; esac
 	sleep 1
@@ -504,7 +509,7 @@ def run_smoke(args, work):
     report = work / "qual-smoke"
     cmd = [str(args.qual), "--base-url", f"http://127.0.0.1:{args.port}",
            "--api-key", API_KEY, "--filter", smoke_filter(args.smoke), "--jobs", "2",
-           "--report", str(report), "--quiet"]
+           "--report", str(report), "--quiet", "--request-timeout", "600"]
     rc = subprocess.run(cmd).returncode
     took = time.monotonic() - t
     data = json.loads((report / "report.json").read_text())
@@ -685,7 +690,8 @@ def main():
     ap.add_argument("--qual", type=Path, default=ROOT / "target/release/inferloop-qual")
     ap.add_argument("--work", type=Path, default=ROOT / "out/vm")
     ap.add_argument("--port", type=int, default=0, help="host port for the daemon (default: a free one)")
-    ap.add_argument("--boot-timeout", type=int, default=480)
+    ap.add_argument("--boot-timeout", type=int, default=1200,
+                    help="s from boot to each guest marker; covers the TCG health check's 900 s")
     # The TCG set is what the guest's health check runs. The full set passes under amd64 TCG
     # (19 cases, ~2 minutes); under arm64 TCG on a loaded 2-core host its chat cases queue
     # past the daemon's 30 s limit (measured).

@@ -62,6 +62,7 @@ fn run_through(base_url: String) -> inferloop_qual::report::Report {
         filter: vec![FILTER.to_string()],
         jobs: 4,
         timeout: None,
+        request_timeout: None,
         report_dir: None,
         progress: false,
     })

@@ -89,6 +89,7 @@ fn the_suite_runs_over_https_with_the_ca_file() {
             filter: vec![FILTER.to_string()],
             jobs: 4,
             timeout: None,
+            request_timeout: None,
             report_dir: None,
             progress: false,
         })
