@@ -59,8 +59,10 @@ pub(crate) fn q8_model() -> PathBuf {
 fn golden_native_against_llama_cpp_on_the_q8_0_model_meets_the_issue_targets() {
     let model = q8_model();
     let started = Instant::now();
-    // Two threads: the model is small and the run is the slowest in the suite; 12 tokens of
-    // continuation keep it over 500 positions.
+    // One thread: the harness runs two tests at once on CI's two cores, and two threads
+    // each then oversubscribe them: llama.cpp's OpenMP barriers spin waiting for a thread
+    // that is not running, and this pair took ~5 minutes each instead of ~31 s (measured
+    // 2026-12-07, 2 cores). 12 tokens of continuation keep it over 500 positions.
     let out = inferloopd(&[
         "golden",
         "--model",
@@ -70,7 +72,7 @@ fn golden_native_against_llama_cpp_on_the_q8_0_model_meets_the_issue_targets() {
         "--continue",
         "12",
         "--threads",
-        "2",
+        "1",
         "--noise-floor",
         "--json",
     ]);
@@ -102,7 +104,8 @@ fn golden_native_against_llama_cpp_on_the_q8_0_model_meets_the_issue_targets() {
 #[test]
 fn golden_native_matches_llama_cpp_reading_the_same_weights_in_f32() {
     // The same Q8_0 weights dequantized to f32: llama.cpp then computes in f32, as the native
-    // twin does with f32 activations, so the two must agree to rounding.
+    // twin does with f32 activations, so the two must agree to rounding. One thread, as in
+    // the test above.
     let model = q8_model();
     let f32_model = model.with_extension("f32.gguf");
     if !f32_model.is_file() {
@@ -134,7 +137,7 @@ fn golden_native_matches_llama_cpp_reading_the_same_weights_in_f32() {
         "--continue",
         "12",
         "--threads",
-        "2",
+        "1",
         "--json",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
