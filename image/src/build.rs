@@ -123,11 +123,13 @@ pub fn build(spec: &Spec, out: &Path, opts: &BuildOptions) -> Result<Built, Imag
         )?;
     }
 
-    if let ModelInput::Baked { file, .. } = &spec.model {
-        let dest = tree::join(&root, &spec.model.device_path());
-        tree::mkdir_p(dest.parent().unwrap_or(&root))?;
-        tracing::info!(model = %file.display(), "baking the model into the image");
-        replace_with_copy(file, &dest, 0o644)?;
+    for model in std::iter::once(&spec.model).chain(spec.draft_model.as_ref()) {
+        if let ModelInput::Baked { file, .. } = model {
+            let dest = tree::join(&root, &model.device_path());
+            tree::mkdir_p(dest.parent().unwrap_or(&root))?;
+            tracing::info!(model = %file.display(), "baking the model into the image");
+            replace_with_copy(file, &dest, 0o644)?;
+        }
     }
 
     let config_dest = tree::join(&root, CONFIG_PATH);
@@ -252,43 +254,49 @@ fn manifest_for(
     };
     let (daemon_sha, daemon_size) = listed(DAEMON_PATH)?;
     let (config_sha, _) = listed(CONFIG_PATH)?;
-    let model = match &spec.model {
-        ModelInput::Baked { file, sha256, size } => {
-            let (actual_sha, actual_size) = listed(&spec.model.device_path())?;
-            if let Some(want) = size.filter(|w| *w != actual_size) {
-                return Err(ImageError::ModelMismatch {
-                    path: file.clone(),
-                    field: "size",
-                    expected: want.to_string(),
-                    actual: actual_size.to_string(),
-                });
+    // A baked model's pin is what was staged (checked against the spec's sha256 and size
+    // when given); a mounted one's is the spec's.
+    let pin = |model: &ModelInput| -> Result<ModelPin, ImageError> {
+        Ok(match model {
+            ModelInput::Baked { file, sha256, size } => {
+                let (actual_sha, actual_size) = listed(&model.device_path())?;
+                if let Some(want) = size.filter(|w| *w != actual_size) {
+                    return Err(ImageError::ModelMismatch {
+                        path: file.clone(),
+                        field: "size",
+                        expected: want.to_string(),
+                        actual: actual_size.to_string(),
+                    });
+                }
+                if let Some(want) = sha256.as_ref().filter(|w| **w != actual_sha) {
+                    return Err(ImageError::ModelMismatch {
+                        path: file.clone(),
+                        field: "sha256",
+                        expected: want.clone(),
+                        actual: actual_sha,
+                    });
+                }
+                ModelPin {
+                    path: model.device_path(),
+                    sha256: actual_sha,
+                    size: actual_size,
+                    placement: Some(Placement::Baked),
+                }
             }
-            if let Some(want) = sha256.as_ref().filter(|w| **w != actual_sha) {
-                return Err(ImageError::ModelMismatch {
-                    path: file.clone(),
-                    field: "sha256",
-                    expected: want.clone(),
-                    actual: actual_sha,
-                });
-            }
-            ModelPin {
-                path: spec.model.device_path(),
-                sha256: actual_sha,
-                size: actual_size,
-                placement: Some(Placement::Baked),
-            }
-        }
-        ModelInput::Mounted { path, sha256, size } => ModelPin {
-            path: path.clone(),
-            sha256: sha256.clone(),
-            size: *size,
-            placement: Some(Placement::Mounted),
-        },
+            ModelInput::Mounted { path, sha256, size } => ModelPin {
+                path: path.clone(),
+                sha256: sha256.clone(),
+                size: *size,
+                placement: Some(Placement::Mounted),
+            },
+        })
     };
+    let model = pin(&spec.model)?;
+    let draft_model = spec.draft_model.as_ref().map(pin).transpose()?;
     Ok(Manifest {
         schema: SCHEMA_VERSION,
         model,
-        draft_model: None,
+        draft_model,
         image: Some(ImageInfo {
             version: spec.version.clone(),
             compatible: spec.board.name.clone(),

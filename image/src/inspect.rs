@@ -57,6 +57,18 @@ pub fn render(loaded: &Loaded) -> String {
         ),
     ));
     rows.push(("model sha256", m.model.sha256.clone()));
+    if let Some(draft) = &m.draft_model {
+        rows.push((
+            "draft model",
+            format!(
+                "{}  {}  {} B",
+                draft.path,
+                draft.placement.map_or("-", |p| p.as_str()),
+                draft.size
+            ),
+        ));
+        rows.push(("draft model sha256", draft.sha256.clone()));
+    }
     if let Some(img) = &m.image {
         rows.push(("config sha256", img.config_sha256.clone()));
         let tools: Vec<String> = [

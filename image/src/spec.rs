@@ -75,7 +75,7 @@ pub const DAEMON_CONFIG_KEYS: &[&str] = &[
 ];
 
 /// Keys the builder writes itself: they must agree with the manifest and the fstab.
-pub const RESERVED_CONFIG_KEYS: &[&str] = &["model", "manifest", "state_dir"];
+pub const RESERVED_CONFIG_KEYS: &[&str] = &["model", "draft_model", "manifest", "state_dir"];
 
 /// The spec file as written.
 #[derive(Debug, Deserialize)]
@@ -95,6 +95,10 @@ struct SpecFile {
     memory_max: String,
     daemon: DaemonFile,
     model: ModelFile,
+    /// The smaller model that drafts for `spec = "draft"`: baked or mounted like `[model]`,
+    /// pinned by the manifest's `draft_model`, named by the config's `draft_model`.
+    #[serde(default)]
+    draft_model: Option<ModelFile>,
     #[serde(default)]
     config: toml::Table,
     #[serde(default)]
@@ -211,6 +215,8 @@ pub struct Spec {
     pub memory_max: String,
     pub daemon: DaemonInput,
     pub model: ModelInput,
+    /// `[draft_model]`, when the spec has one.
+    pub draft_model: Option<ModelInput>,
     /// Daemon settings from `[config]`, reserved keys excluded.
     pub config: toml::Table,
     /// RAUC updates: present only when the spec has an `[ota]` table.
@@ -380,7 +386,22 @@ impl Spec {
                 )
             })?),
         };
-        let model = check_model(file.model, &resolve)?;
+        let model = check_model(file.model, &MAIN_FIELDS, &resolve)?;
+        let draft_model = match file.draft_model {
+            Some(d) => Some(check_model(d, &DRAFT_FIELDS, &resolve)?),
+            None => None,
+        };
+        if let Some(draft) = draft_model.as_ref() {
+            if draft.device_path() == model.device_path() {
+                return Err(invalid(
+                    "draft_model",
+                    format!(
+                        "is at {}, where [model] is: the draft is a second, smaller model",
+                        draft.device_path()
+                    ),
+                ));
+            }
+        }
         let config = check_config(file.config, board)?;
         let ota = match file.ota {
             Some(ota) => Some(check_ota(ota, board, &daemon.target, &resolve)?),
@@ -436,6 +457,7 @@ impl Spec {
             memory_max: file.memory_max,
             daemon,
             model,
+            draft_model,
             config,
             ota,
             gateway,
@@ -640,22 +662,51 @@ pub fn check_memory_max(value: &str, board: &BoardProfile) -> Result<(), ImageEr
     Ok(())
 }
 
-fn check_model(m: ModelFile, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<ModelInput, ImageError> {
+/// The field names a model table's errors use: `[model]`'s or `[draft_model]`'s.
+struct ModelFields {
+    table: &'static str,
+    sha256: &'static str,
+    size: &'static str,
+    file: &'static str,
+    mount: &'static str,
+}
+
+const MAIN_FIELDS: ModelFields = ModelFields {
+    table: "model",
+    sha256: "model.sha256",
+    size: "model.size",
+    file: "model.file",
+    mount: "model.mount",
+};
+
+const DRAFT_FIELDS: ModelFields = ModelFields {
+    table: "draft_model",
+    sha256: "draft_model.sha256",
+    size: "draft_model.size",
+    file: "draft_model.file",
+    mount: "draft_model.mount",
+};
+
+fn check_model(
+    m: ModelFile,
+    fields: &ModelFields,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<ModelInput, ImageError> {
     if let Some(sha) = &m.sha256 {
         if !is_sha256_hex(sha) {
-            return Err(invalid("model.sha256", "must be 64 lowercase hex digits"));
+            return Err(invalid(fields.sha256, "must be 64 lowercase hex digits"));
         }
     }
     if m.size == Some(0) {
-        return Err(invalid("model.size", "must be positive"));
+        return Err(invalid(fields.size, "must be positive"));
     }
     match (m.file, m.mount) {
         (Some(file), None) => {
             let file = resolve(&file);
-            let meta = metadata("model.file", &file)?;
+            let meta = metadata(fields.file, &file)?;
             if !meta.is_file() {
                 return Err(invalid(
-                    "model.file",
+                    fields.file,
                     format!("{} is not a regular file", file.display()),
                 ));
             }
@@ -668,24 +719,24 @@ fn check_model(m: ModelFile, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Model
         (None, Some(path)) => {
             if !is_normal_image_path(&path) || path == "/" {
                 return Err(invalid(
-                    "model.mount",
+                    fields.mount,
                     format!("{path:?} must be a normalised absolute path on the box"),
                 ));
             }
             let (Some(sha256), Some(size)) = (m.sha256, m.size) else {
                 return Err(invalid(
-                    "model",
+                    fields.table,
                     "a mounted model is pinned by `sha256` and `size`; both are required",
                 ));
             };
             Ok(ModelInput::Mounted { path, sha256, size })
         }
         (Some(_), Some(_)) => Err(invalid(
-            "model",
+            fields.table,
             "set `file` (baked into the image) or `mount` (on the data partition), not both",
         )),
         (None, None) => Err(invalid(
-            "model",
+            fields.table,
             "set `file` (baked into the image) or `mount` (on the data partition)",
         )),
     }
@@ -756,19 +807,18 @@ fn check_ota(
 /// 4, and the unit's journal names why) rather than serving on the CPU unnoticed.
 fn check_config(mut config: toml::Table, board: &BoardProfile) -> Result<toml::Table, ImageError> {
     for key in config.keys() {
+        if key == "draft_model" {
+            // The manifest must pin the draft too (the daemon refuses one it does not pin).
+            return Err(invalid(
+                "config",
+                "`draft_model` is written by the builder from a [draft_model] table (file or \
+                 mount, pinned in the manifest like [model]); move it there",
+            ));
+        }
         if RESERVED_CONFIG_KEYS.contains(&key.as_str()) {
             return Err(invalid(
                 "config",
                 format!("`{key}` is written by the builder (from [model] and the image layout); remove it"),
-            ));
-        }
-        if key == "draft_model" {
-            // The baked manifest pins only [model]: a draft model it does not pin would
-            // fail the box's first boot (exit 3).
-            return Err(invalid(
-                "config",
-                "`draft_model` cannot be baked yet: the image's manifest pins only [model], and \
-                 the daemon refuses a draft model its manifest does not pin",
             ));
         }
         if key == "api_key" {

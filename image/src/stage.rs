@@ -139,10 +139,21 @@ fn normalize(raw: &Path) -> Result<String, String> {
 /// Values the overlay's `*.in` templates may use as `@NAME@`.
 pub fn template_vars(spec: &Spec) -> BTreeMap<&'static str, String> {
     let model_path = spec.model.device_path();
-    let model_dir = Path::new(&model_path)
-        .parent()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "/".into());
+    let dir_of = |path: &str| {
+        Path::new(path)
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "/".into())
+    };
+    // The directories the unit needs mounted: the model's, and the draft's where it differs
+    // (RequiresMountsFor= takes a space-separated list).
+    let mut model_dir = dir_of(&model_path);
+    if let Some(draft) = &spec.draft_model {
+        let draft_dir = dir_of(&draft.device_path());
+        if draft_dir != model_dir {
+            model_dir = format!("{model_dir} {draft_dir}");
+        }
+    }
     BTreeMap::from([
         ("BOARD", spec.board.name.clone()),
         ("CONFIG_PATH", CONFIG_PATH.to_string()),
@@ -230,13 +241,19 @@ pub fn render(text: &str, vars: &BTreeMap<&'static str, String>) -> Result<Strin
 }
 
 /// The daemon config baked at [`CONFIG_PATH`]: the spec's `[config]` plus the keys the
-/// builder owns (model, manifest, state_dir), sorted (toml's map is a BTreeMap).
+/// builder owns (model, draft_model, manifest, state_dir), sorted (toml's map is a BTreeMap).
 pub fn config_text(spec: &Spec) -> String {
     let mut table = spec.config.clone();
     table.insert(
         "model".into(),
         toml::Value::String(spec.model.device_path()),
     );
+    if let Some(draft) = &spec.draft_model {
+        table.insert(
+            "draft_model".into(),
+            toml::Value::String(draft.device_path()),
+        );
+    }
     table.insert(
         "manifest".into(),
         toml::Value::String(inferloop_manifest::BAKED_PATH.into()),

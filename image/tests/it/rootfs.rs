@@ -332,6 +332,89 @@ fn baked_model_is_listed_in_the_image() {
     assert_eq!(entry.mode, 0o644);
 }
 
+/// `[draft_model]`: the baked draft is staged beside a mounted main model, pinned by the
+/// manifest's `draft_model` like the main one, named by the config, and the unit waits for
+/// both models' directories.
+#[test]
+fn a_draft_model_is_baked_pinned_and_named_by_the_config() {
+    require!(
+        "a_draft_model_is_baked_pinned_and_named_by_the_config",
+        MKSQUASHFS
+    );
+    let f = Fixture::new();
+    let draft_bytes = b"GGUF fake draft weights";
+    crate::common::write(&f.path("draft.gguf"), draft_bytes, 0o644);
+    let text_spec = f.spec_text("squashfs", &Fixture::mounted_model(), "spec = \"draft\"")
+        + "\n[draft_model]\nfile = \"draft.gguf\"\n";
+    let spec = Spec::load(&f.write_spec(&text_spec)).expect("spec");
+    let built = f.build(&spec, "out");
+    let m = &built.manifest;
+    let draft = m.draft_model.as_ref().expect("the manifest pins the draft");
+    assert_eq!(draft.path, "/usr/share/inferloop/models/draft.gguf");
+    assert_eq!(draft.placement, Some(inferloop_manifest::Placement::Baked));
+    assert_eq!(
+        draft.sha256,
+        inferloop_manifest::hash::sha256_bytes(draft_bytes)
+    );
+    assert_eq!(draft.size, draft_bytes.len() as u64);
+    let files = &m.image.as_ref().expect("image").files;
+    let entry = files.iter().find(|e| e.path == draft.path).expect("listed");
+    assert_eq!(entry.sha256.as_deref(), Some(draft.sha256.as_str()));
+    assert_eq!(m.model.path, "/data/models/model.gguf");
+
+    let dest = f.path("unpacked");
+    let file = std::fs::File::open(built.tarball.as_ref().expect("tarball")).expect("open");
+    tar::Archive::new(zstd::Decoder::new(file).expect("zstd"))
+        .unpack(&dest)
+        .expect("unpack");
+    assert_eq!(
+        read(&dest.join("usr/share/inferloop/models/draft.gguf")),
+        draft_bytes
+    );
+    let config: toml::Table =
+        toml::from_str(&text(&dest.join("etc/inferloop/inferloopd.toml"))).expect("toml");
+    assert_eq!(config["draft_model"].as_str(), Some(draft.path.as_str()));
+    assert_eq!(config["spec"].as_str(), Some("draft"));
+    let unit = text(&dest.join("etc/systemd/system/inferloopd.service"));
+    assert!(
+        unit.lines().any(|l| l
+            == "RequiresMountsFor=/var/lib/inferloop /data/models /usr/share/inferloop/models"),
+        "{unit}"
+    );
+}
+
+#[test]
+fn a_draft_model_where_the_model_is_or_set_in_the_config_is_refused() {
+    let f = Fixture::new();
+    let same = f.spec_text("squashfs", &Fixture::mounted_model(), "")
+        + &format!("\n[draft_model]\n{}\n", Fixture::mounted_model());
+    match Spec::load(&f.write_spec(&same)) {
+        Err(ImageError::SpecInvalid { field, message }) => {
+            assert_eq!(field, "draft_model");
+            assert!(message.contains("/data/models/model.gguf"), "{message}");
+        }
+        other => panic!("expected SpecInvalid draft_model, got {other:?}"),
+    }
+    let in_config = f.spec_text(
+        "squashfs",
+        &Fixture::mounted_model(),
+        "draft_model = \"/data/models/small.gguf\"",
+    );
+    match Spec::load(&f.write_spec(&in_config)) {
+        Err(ImageError::SpecInvalid { field, message }) => {
+            assert_eq!(field, "config");
+            assert!(message.contains("[draft_model]"), "{message}");
+        }
+        other => panic!("expected SpecInvalid config, got {other:?}"),
+    }
+    let unpinned = f.spec_text("squashfs", &Fixture::mounted_model(), "")
+        + "\n[draft_model]\nmount = \"/data/models/small.gguf\"\n";
+    match Spec::load(&f.write_spec(&unpinned)) {
+        Err(ImageError::SpecInvalid { field, .. }) => assert_eq!(field, "draft_model"),
+        other => panic!("expected SpecInvalid draft_model, got {other:?}"),
+    }
+}
+
 /// `daemon.kernels` installs the cubins and PTX (nothing else from the directory) where the
 /// daemon's loader looks, each listed and pinned by the manifest; a directory without PTX is
 /// refused at the spec.
