@@ -118,7 +118,10 @@ pub async fn run(
     };
 
     let config = Arc::new(config);
-    let plan = boot.plan.clone();
+    let mut plan = boot.plan.clone();
+    // The watchdog pings only while the decode loop turns: a step must end well within the
+    // ping interval, however slow the box is at prefill.
+    plan.step_time_limit = Notifier::watchdog_every_from_env().map(|every| every / 3);
     let selection = boot.selection.clone();
     let boot = Arc::new(boot);
     register_boot_metrics(&metrics, boot.clone());

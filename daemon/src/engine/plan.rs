@@ -54,6 +54,12 @@ pub struct EnginePlan {
     pub spec_gate: SpecGate,
     #[serde(skip)]
     pub queue_timeout: Duration,
+    /// The longest a step should take (`None`: no limit). Under systemd's watchdog a step
+    /// longer than the ping interval stops the pings and gets the daemon killed mid-request,
+    /// so the prompt tokens a step feeds are cut to what the measured prefill rate says fits
+    /// (a big model on a slow CPU: a 512-token chunk can take tens of seconds).
+    #[serde(skip)]
+    pub step_time_limit: Option<Duration>,
     /// Test-only fault hook (`INFERLOOP_DEBUG_STALL_FILE`): while this file exists the decode
     /// loop blocks, so its heartbeat goes stale (the VM's systemd watchdog test); while the
     /// same path with `.load` appended exists the model load blocks, so a test can signal
@@ -220,6 +226,7 @@ impl EnginePlan {
             spec: spec.spec,
             spec_gate: spec.spec_gate,
             queue_timeout: spec.queue_timeout,
+            step_time_limit: None,
             debug_stall_file: spec.debug_stall_file,
         })
     }

@@ -27,6 +27,8 @@ pub const ODD_BASE: i32 = 1000;
 pub struct Control {
     /// How far each step moves the clock.
     pub step_time: Duration,
+    /// How far each row (token) a step computes moves it further.
+    pub row_time: Duration,
     /// Sequences whose next work fails with a sequence error (once each).
     pub fail_seqs: HashSet<SeqId>,
     /// The next step fails as a whole.
@@ -175,14 +177,15 @@ impl Backend for Fake {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Vec<SeqOutcome> {
-        let (step_time, hold) = self.with(|c| (c.step_time, c.hold.take()));
+        let (step_time, row_time, hold) = self.with(|c| (c.step_time, c.row_time, c.hold.take()));
         if let Some((entered, release)) = hold {
             if entered.send(()).is_ok() {
                 // Released or abandoned by the test: either way the step goes on.
                 release.recv().ok();
             }
         }
-        self.clock.advance(step_time);
+        let rows = u32::try_from(plan.tokens()).unwrap_or(u32::MAX);
+        self.clock.advance(step_time + row_time * rows);
         let control = self.control.clone();
         let mut c = control.lock().unwrap_or_else(|e| e.into_inner());
         c.log.steps += 1;

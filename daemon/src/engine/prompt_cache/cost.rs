@@ -54,6 +54,11 @@ impl Costs {
         FIXED_NS[i] + bytes as f64 * self.restore_ns_per_byte[i].unwrap_or(PRIOR_NS_PER_BYTE[i])
     }
 
+    /// The measured prefill cost of a token, once a prompt step has been timed.
+    pub fn measured_prefill_ns_per_token(&self) -> Option<f64> {
+        self.prefill_ns_per_token
+    }
+
     /// Expected time to prefill `tokens` prompt tokens.
     pub fn prefill_ns(&self, tokens: usize) -> f64 {
         tokens as f64

@@ -33,6 +33,11 @@ use crate::thermal::ThermalGate;
 const IDLE_TICK: Duration = Duration::from_millis(50);
 /// Steps feeding at least this many prompt tokens teach the prompt cache what prefill costs.
 const PREFILL_SAMPLE: usize = 64;
+/// Under a step time limit, the prompt tokens of the first prompt step, which measures the
+/// prefill rate the later steps' budgets follow (a timed step of [`PREFILL_SAMPLE`]).
+const PROBE_TOKENS: usize = PREFILL_SAMPLE;
+/// Under a step time limit, the fewest prompt tokens a step feeds, however slow the box.
+const MIN_STEP_PROMPT: usize = 8;
 
 pub(super) struct Scheduler<'v, B> {
     pub(super) backend: B,
@@ -296,13 +301,32 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         }
     }
 
+    /// Prompt tokens one step may feed: the prefill chunk, or under a step time limit what
+    /// the measured prefill rate says fits in it (a probe of [`PROBE_TOKENS`] measures the
+    /// rate first), so that no step outlasts the watchdog's ping interval.
+    fn prompt_budget(&self) -> usize {
+        let chunk = self.plan.prefill_chunk as usize;
+        let Some(limit) = self.plan.step_time_limit else {
+            return chunk;
+        };
+        match self.store.costs.measured_prefill_ns_per_token() {
+            None => PROBE_TOKENS.min(chunk),
+            Some(ns) => {
+                let fits = limit.as_nanos() as f64 / ns.max(1.0);
+                (fits as usize).clamp(MIN_STEP_PROMPT.min(chunk), chunk)
+            }
+        }
+    }
+
     /// One step over every active sequence, then its outcomes applied in plan order.
     fn step(&mut self) {
         self.resolve_awaiting();
         self.draft_all();
+        let budget = self.prompt_budget();
         let plan = plan_step(
             &self.seqs,
             self.plan.prefill_chunk as usize,
+            budget,
             self.prefix.aligned_runs(),
         );
         if plan.is_empty() {
@@ -319,7 +343,7 @@ impl<'v, B: Backend> Scheduler<'v, B> {
         let outcomes = self.backend.step(&plan);
         // What prefilling costs here, against which a restore from the tiers is weighed.
         let took = self.clock.now().saturating_duration_since(started);
-        if prompt_tokens >= PREFILL_SAMPLE {
+        if prompt_tokens >= PREFILL_SAMPLE.min(budget) {
             self.store.costs.observe_prefill(plan.tokens(), took);
         }
         if prompt_tokens == 0 {

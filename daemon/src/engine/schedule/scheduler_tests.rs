@@ -51,6 +51,7 @@ pub(super) fn plan(slots: usize, queue: usize) -> EnginePlan {
         spec: Spec::Off,
         spec_gate: crate::config::SpecGate::Cost,
         queue_timeout: Duration::from_secs(10),
+        step_time_limit: None,
         debug_stall_file: None,
     }
 }
@@ -557,6 +558,41 @@ fn a_failed_open_fails_the_request_and_frees_the_slot() {
     r.fake.with(|c| c.fail_open = false);
     let mut rx = r.submit(r.request(2, 4)).expect("the slot is free again");
     assert!(matches!(r.last(&mut rx).1, Event::Finished { .. }));
+}
+
+/// Under a step time limit (systemd's watchdog) the first prompt step is a probe that
+/// measures the prefill rate; later steps feed what fits in the limit, so no step outlasts
+/// it on a slow box, and a fast box still gets whole chunks.
+#[test]
+fn a_step_time_limit_cuts_prompt_chunks_to_the_measured_prefill_rate() {
+    let limit = Duration::from_millis(100);
+    let mut slow = rig(EnginePlan {
+        step_time_limit: Some(limit),
+        ..plan(1, 1)
+    });
+    slow.fake.with(|c| c.row_time = Duration::from_millis(1));
+    let mut rx = slow.submit(slow.request(1500, 2)).expect("slot");
+    assert!(matches!(slow.last(&mut rx).1, Event::Finished { .. }));
+    let log = slow.fake.log();
+    // 1 ms a row plus 1 ms a step: ~98 rows fit in 100 ms.
+    assert!(
+        (90..=100).contains(&log.most_prefill),
+        "the widest prompt step fits the limit: {log:?}"
+    );
+    assert!(log.steps >= 1500 / 100, "{log:?}");
+
+    let mut fast = rig(EnginePlan {
+        step_time_limit: Some(limit),
+        ..plan(1, 1)
+    });
+    fast.fake.with(|c| c.row_time = Duration::from_micros(10));
+    let mut rx = fast.submit(fast.request(1500, 2)).expect("slot");
+    assert!(matches!(fast.last(&mut rx).1, Event::Finished { .. }));
+    assert_eq!(
+        fast.fake.log().most_prefill,
+        STEP_TOKENS as usize,
+        "after the probe a fast box feeds whole chunks"
+    );
 }
 
 #[test]

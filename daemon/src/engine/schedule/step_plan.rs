@@ -13,11 +13,12 @@ const OLDEST_SHARE: usize = 4;
 
 /// Every decoding sequence gets its next token (verifying its draft, when it has one), so
 /// running streams never wait behind a long prefill; prompt chunks share the rest of the
-/// step's budget as [`allot`] says. With `aligned` runs (exact reuse, or none) a prompt's
-/// runs end where exact reuse needs them.
+/// step's `budget` (at most `prefill_chunk`) as [`allot`] says. With `aligned` runs (exact
+/// reuse, or none) a prompt's runs end where exact reuse needs them.
 pub(super) fn plan_step(
     seqs: &[Option<Sequence>],
     prefill_chunk: usize,
+    budget: usize,
     aligned: bool,
 ) -> StepPlan<'_> {
     let active = || {
@@ -75,7 +76,10 @@ pub(super) fn plan_step(
             arrived: (seq.received_at(), slot),
         });
     }
-    for ((slot, seq, fed), n) in prompts.into_iter().zip(allot(&wants, prefill_chunk)) {
+    for ((slot, seq, fed), n) in prompts
+        .into_iter()
+        .zip(allot(&wants, budget.min(prefill_chunk)))
+    {
         if n == 0 {
             continue;
         }

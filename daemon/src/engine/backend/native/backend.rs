@@ -658,6 +658,7 @@ mod tests {
             spec: crate::config::Spec::Ngram,
             spec_gate: crate::config::SpecGate::Cost,
             queue_timeout: Duration::from_secs(10),
+            step_time_limit: None,
             debug_stall_file: None,
         };
         let (_feed, gate) = ThermalGate::test_feed(0.5, 90.0);
