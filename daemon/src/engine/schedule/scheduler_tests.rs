@@ -565,31 +565,26 @@ fn a_failed_open_fails_the_request_and_frees_the_slot() {
 /// it on a slow box, and a fast box still gets whole chunks.
 #[test]
 fn a_step_time_limit_cuts_prompt_chunks_to_the_measured_prefill_rate() {
-    let limit = Duration::from_millis(100);
-    let mut slow = rig(EnginePlan {
-        step_time_limit: Some(limit),
-        ..plan(1, 1)
-    });
-    slow.fake.with(|c| c.row_time = Duration::from_millis(1));
-    let mut rx = slow.submit(slow.request(1500, 2)).expect("slot");
-    assert!(matches!(slow.last(&mut rx).1, Event::Finished { .. }));
-    let log = slow.fake.log();
+    // A 1500-token prompt under a 100 ms step limit, each row taking `row_time`.
+    let feed = |row_time: Duration| {
+        let mut r = rig(EnginePlan {
+            step_time_limit: Some(Duration::from_millis(100)),
+            ..plan(1, 1)
+        });
+        r.fake.with(|c| c.row_time = row_time);
+        let mut rx = r.submit(r.request(1500, 2)).expect("slot");
+        assert!(matches!(r.last(&mut rx).1, Event::Finished { .. }));
+        r.fake.log()
+    };
+    let slow = feed(Duration::from_millis(1));
     // 1 ms a row plus 1 ms a step: ~98 rows fit in 100 ms.
     assert!(
-        (90..=100).contains(&log.most_prefill),
-        "the widest prompt step fits the limit: {log:?}"
+        (90..=100).contains(&slow.most_prefill),
+        "the widest prompt step fits the limit: {slow:?}"
     );
-    assert!(log.steps >= 1500 / 100, "{log:?}");
-
-    let mut fast = rig(EnginePlan {
-        step_time_limit: Some(limit),
-        ..plan(1, 1)
-    });
-    fast.fake.with(|c| c.row_time = Duration::from_micros(10));
-    let mut rx = fast.submit(fast.request(1500, 2)).expect("slot");
-    assert!(matches!(fast.last(&mut rx).1, Event::Finished { .. }));
+    assert!(slow.steps >= 1500 / 100, "{slow:?}");
     assert_eq!(
-        fast.fake.log().most_prefill,
+        feed(Duration::from_micros(10)).most_prefill,
         STEP_TOKENS as usize,
         "after the probe a fast box feeds whole chunks"
     );
