@@ -26,24 +26,20 @@ impl Notifier {
             None => std::os::unix::net::SocketAddr::from_pathname(&path).ok()?,
         };
         let socket = UnixDatagram::unbound().ok()?;
-        Some(Self {
-            socket,
-            target,
-            watchdog_every: Self::watchdog_every_from_env(),
-        })
-    }
-
-    /// How often to ping systemd's watchdog (half its timeout), when it watches us.
-    pub fn watchdog_every_from_env() -> Option<Duration> {
         let for_us = std::env::var("WATCHDOG_PID")
             .ok()
             .and_then(|p| p.parse::<u32>().ok())
             .is_none_or(|pid| pid == std::process::id());
-        std::env::var("WATCHDOG_USEC")
+        let watchdog_every = std::env::var("WATCHDOG_USEC")
             .ok()
             .and_then(|u| u.parse::<u64>().ok())
             .filter(|u| *u > 0 && for_us)
-            .map(|u| Duration::from_micros(u / 2))
+            .map(|u| Duration::from_micros(u / 2));
+        Some(Self {
+            socket,
+            target,
+            watchdog_every,
+        })
     }
 
     /// Sends one state string; failures are logged, never fatal.

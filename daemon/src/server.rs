@@ -118,10 +118,14 @@ pub async fn run(
     };
 
     let config = Arc::new(config);
+    // Read now, used once the model serves: the watchdog pings only while the decode loop
+    // turns, so a step must end well within the ping interval, however slow the prefill.
+    let notifier = Notifier::from_env().map(Arc::new);
     let mut plan = boot.plan.clone();
-    // The watchdog pings only while the decode loop turns: a step must end well within the
-    // ping interval, however slow the box is at prefill.
-    plan.step_time_limit = Notifier::watchdog_every_from_env().map(|every| every / 3);
+    plan.step_time_limit = notifier
+        .as_ref()
+        .and_then(|n| n.watchdog_every)
+        .map(|every| every / 3);
     let selection = boot.selection.clone();
     let boot = Arc::new(boot);
     register_boot_metrics(&metrics, boot.clone());
@@ -203,7 +207,6 @@ pub async fn run(
         engine.publish_kv_events(outbox);
     }
     engine_tx.send_replace(Some(engine.clone()));
-    let notifier = Notifier::from_env().map(Arc::new);
     if let Some(n) = &notifier {
         n.notify("READY=1");
         if let Some(every) = n.watchdog_every {

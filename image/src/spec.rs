@@ -387,10 +387,9 @@ impl Spec {
             })?),
         };
         let model = check_model(file.model, &MAIN_FIELDS, &resolve)?;
-        let draft_model = match file.draft_model {
-            Some(d) => Some(check_model(d, &DRAFT_FIELDS, &resolve)?),
-            None => None,
-        };
+        let draft_model = (file.draft_model)
+            .map(|d| check_model(d, &DRAFT_FIELDS, &resolve))
+            .transpose()?;
         if let Some(draft) = draft_model.as_ref() {
             if draft.device_path() == model.device_path() {
                 return Err(invalid(
