@@ -189,13 +189,19 @@ impl Sequence {
     /// feed and a draft after it, or nothing when there is no draft.
     pub fn draft(&mut self, vocab: &dyn Vocab) {
         let k = self.draft_room();
-        let draft = super::speculate::lookup(&self.history, k);
-        fill_verify(&mut self.verify, &self.phase, draft, vocab);
+        let found = super::speculate::lookup(&self.history, k);
+        if let Some(d) = self.drafter.as_mut() {
+            d.drafting(Some(found.matched));
+        }
+        fill_verify(&mut self.verify, &self.phase, found.draft, vocab);
     }
 
     /// Fills [`verify`](Self::verify) with `draft` (from a draft model) after the token to
     /// feed.
     pub fn set_draft(&mut self, vocab: &dyn Vocab, draft: &[i32]) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.drafting(None);
+        }
         fill_verify(&mut self.verify, &self.phase, draft, vocab);
     }
 

@@ -3,11 +3,17 @@
 //!
 //! Where the output quotes its input (answers grounded in a context, extraction, code
 //! edits), the last few tokens generated usually appeared before, followed by what comes
-//! next. The drafter finds the latest earlier occurrence of the last `n` tokens (`n` from
-//! [`NGRAM_MAX`] down to [`NGRAM_MIN`]) and proposes the tokens that followed it. One step
-//! then feeds them all and the backend keeps those the model itself would have sampled, so
-//! the output is the model's own; only the steps it takes change. Weights are read once
-//! per step whatever its width, so accepted drafts are nearly free tokens.
+//! next. The drafter finds, among the earlier occurrences of the last [`NGRAM_MIN`]
+//! tokens, the one whose match runs furthest back (the latest of equals) and proposes the
+//! tokens that followed it. One step then feeds them all and the backend keeps those the
+//! model itself would have sampled, so the output is the model's own; only the steps it
+//! takes change.
+//!
+//! How far the match runs back says how likely the draft is: in the benchmark's traces
+//! (bench/speed_workloads.py, temperature 0), a draft after a 2-token match began with the
+//! model's own next token about half the time, after a match of 16 or more 97–99% of the
+//! time (a copy in progress). So acceptance is learnt per match length ([`MATCH_BUCKETS`]),
+//! and a draft is verified as far as its own bucket's rate makes its rows pay.
 //!
 //! The draft length adapts: one more after a fully accepted draft, down to what was
 //! accepted after a rejection. A sequence whose drafts are rarely accepted (open chat)
@@ -18,10 +24,29 @@
 
 use crate::engine::plan::MAX_DRAFT;
 
-/// Longest and shortest n-gram looked up. A single token recurs too often by chance to
-/// predict what follows it.
-pub const NGRAM_MAX: usize = 3;
+/// Shortest match looked up: a single token recurs too often by chance to predict what
+/// follows it.
 pub const NGRAM_MIN: usize = 2;
+/// Longest match measured: acceptance rises no further beyond it.
+pub const MATCH_CAP: usize = 16;
+/// Prompt-lookup drafts are judged apart by the length of the match they came from: each
+/// bucket holds matches from its length up to the next one's, and starts from the rate
+/// given (about what the benchmark's traces showed for a draft's first token, a little
+/// less). Drafts from a draft model have a bucket of their own, [`MODEL_PRIOR`].
+const MATCH_BUCKETS: [(usize, f64); 6] = [
+    (2, 0.5),
+    (3, 0.6),
+    (4, 0.75),
+    (6, 0.85),
+    (10, 0.9),
+    (MATCH_CAP, 0.95),
+];
+/// A draft model's prior: hopeful, so that a sequence tries its drafts.
+const MODEL_PRIOR: f64 = 0.75;
+/// How many observed positions each bucket's prior weighs.
+const PRIOR_WEIGHT: f64 = 4.0;
+/// Positions a bucket remembers before older ones are halved.
+const RATE_MEMORY: f64 = 64.0;
 /// The draft length a sequence starts with.
 const START_DRAFT: usize = 4;
 /// Drafted tokens after which the acceptance rate is judged, and the rate below which
@@ -47,14 +72,57 @@ pub struct Drafter {
     /// `draft_n_accepted`).
     pub drafted: u32,
     pub accepted: u32,
-    /// Recent drafted positions actually tested (the accepted ones and the first
-    /// rejected one) and those accepted, halved as they grow: the chance that the next
-    /// drafted position is accepted.
-    tested: f64,
-    passed: f64,
+    /// Per match bucket (then the draft model's): how often a drafted position is
+    /// accepted.
+    rates: [Rate; MATCH_BUCKETS.len() + 1],
+    /// The bucket of the draft being verified.
+    source: usize,
     /// Drafts dropped as not worth their rows since one was last tried.
     skipped: u32,
 }
+
+/// Recent drafted positions actually tested (the accepted ones and the first rejected
+/// one) and those accepted, halved as they grow, over a prior: the chance that the next
+/// drafted position is accepted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rate {
+    prior: f64,
+    tested: f64,
+    passed: f64,
+}
+
+impl Rate {
+    fn new(prior: f64) -> Self {
+        Self {
+            prior,
+            tested: 0.0,
+            passed: 0.0,
+        }
+    }
+
+    fn of(&self) -> f64 {
+        (self.passed + self.prior * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
+    }
+
+    fn observe(&mut self, drafted: usize, accepted: usize) {
+        self.passed += accepted as f64;
+        self.tested += accepted as f64 + if accepted < drafted { 1.0 } else { 0.0 };
+        if self.tested > RATE_MEMORY {
+            (self.tested, self.passed) = (self.tested / 2.0, self.passed / 2.0);
+        }
+    }
+}
+
+/// The bucket of a prompt-lookup match of `matched` tokens.
+fn bucket(matched: usize) -> usize {
+    MATCH_BUCKETS
+        .iter()
+        .rposition(|&(from, _)| matched >= from)
+        .unwrap_or(0)
+}
+
+/// The draft model's bucket.
+const MODEL_BUCKET: usize = MATCH_BUCKETS.len();
 
 impl Default for Drafter {
     fn default() -> Self {
@@ -66,8 +134,10 @@ impl Default for Drafter {
             pause: FIRST_PAUSE,
             drafted: 0,
             accepted: 0,
-            tested: 0.0,
-            passed: 0.0,
+            rates: std::array::from_fn(|i| {
+                Rate::new(MATCH_BUCKETS.get(i).map_or(MODEL_PRIOR, |&(_, p)| p))
+            }),
+            source: MODEL_BUCKET,
             skipped: 0,
         }
     }
@@ -77,9 +147,17 @@ impl Drafter {
     /// Fills `out` with the draft for the token after `history` (prompt then output), at
     /// most `room` tokens; leaves it empty when there is none. `generated` counts the
     /// sequence's output so far.
-    pub fn propose(&self, history: &[i32], generated: u32, room: usize, out: &mut Vec<i32>) {
+    pub fn propose(&mut self, history: &[i32], generated: u32, room: usize, out: &mut Vec<i32>) {
         out.clear();
-        out.extend_from_slice(lookup(history, self.wants(generated, room)));
+        let found = lookup(history, self.wants(generated, room));
+        self.drafting(Some(found.matched));
+        out.extend_from_slice(found.draft);
+    }
+
+    /// The next draft comes from a prompt-lookup match of `matched` tokens, or from the
+    /// draft model (`None`): its acceptance is judged, and learnt, in that bucket.
+    pub fn drafting(&mut self, matched: Option<usize>) {
+        self.source = matched.map_or(MODEL_BUCKET, bucket);
     }
 
     /// How many tokens the next draft may propose at `generated` tokens with `room` left:
@@ -97,11 +175,7 @@ impl Drafter {
         let (d, a) = (drafted as u32, accepted as u32);
         self.drafted += d;
         self.accepted += a;
-        self.passed += f64::from(a);
-        self.tested += f64::from(a) + if accepted < drafted { 1.0 } else { 0.0 };
-        if self.tested > 64.0 {
-            (self.tested, self.passed) = (self.tested / 2.0, self.passed / 2.0);
-        }
+        self.rates[self.source].observe(drafted, accepted);
         self.k = if accepted == drafted {
             (self.k + 1).min(MAX_DRAFT as usize)
         } else {
@@ -123,10 +197,10 @@ impl Drafter {
         }
     }
 
-    /// The chance that a drafted position is accepted, from recent verifications (a
-    /// hopeful prior of three in four before any, so that a sequence tries its drafts).
+    /// The chance that a position of the next draft is accepted, from recent
+    /// verifications of drafts like it (its bucket's prior before any).
     pub fn acceptance(&self) -> f64 {
-        (self.passed + 1.5) / (self.tested + 2.0)
+        self.rates[self.source].of()
     }
 
     /// Of `drafted` tokens, how many to verify when [`worth_verifying`] says `k`: a
@@ -221,29 +295,53 @@ pub fn worth_verifying(
         .unwrap_or(0)
 }
 
-/// The tokens that followed the latest earlier occurrence of `history`'s last `n` tokens,
-/// for the longest `n` in `NGRAM_MIN..=NGRAM_MAX` that occurs; at most `k` of them.
-pub fn lookup(history: &[i32], k: usize) -> &[i32] {
-    if k == 0 {
-        return &[];
-    }
+/// A prompt-lookup draft and the length of the match it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup<'h> {
+    pub draft: &'h [i32],
+    /// Tokens before the draft that equal `history`'s last ones (at most [`MATCH_CAP`]).
+    pub matched: usize,
+}
+
+/// The tokens that followed an earlier occurrence of `history`'s last [`NGRAM_MIN`]
+/// tokens, at most `k` of them: of all occurrences, the one whose match with `history`'s
+/// end runs furthest back (up to [`MATCH_CAP`] tokens), the latest among equals.
+pub fn lookup(history: &[i32], k: usize) -> Lookup<'_> {
+    let none = Lookup {
+        draft: &[],
+        matched: 0,
+    };
     let len = history.len();
-    for n in (NGRAM_MIN..=NGRAM_MAX).rev() {
-        if len <= n {
+    if k == 0 || len <= NGRAM_MIN {
+        return none;
+    }
+    // How many tokens before `end` equal the tokens before `len`.
+    let matched_before = |end: usize| {
+        (1..=end.min(MATCH_CAP))
+            .take_while(|&j| history[end - j] == history[len - j])
+            .count()
+    };
+    let mut best = none;
+    let mut best_end = 0;
+    // Candidate ends of a match, the latest first; a draft needs a token after it.
+    for end in (NGRAM_MIN..len).rev() {
+        if history[end - NGRAM_MIN..end] != history[len - NGRAM_MIN..] {
             continue;
         }
-        let tail = &history[len - n..];
-        // Windows starting before the tail's own start, the latest first.
-        let found = history[..len - 1]
-            .windows(n)
-            .rposition(|w| w == tail)
-            .filter(|&start| start + n < len);
-        if let Some(start) = found {
-            let from = start + n;
-            return &history[from..(from + k).min(len)];
+        let matched = matched_before(end);
+        if matched > best.matched {
+            best.matched = matched;
+            best_end = end;
+            if matched == MATCH_CAP {
+                break;
+            }
         }
     }
-    &[]
+    if best.matched == 0 {
+        return none;
+    }
+    best.draft = &history[best_end..(best_end + k).min(len)];
+    best
 }
 
 #[cfg(test)]
@@ -251,32 +349,87 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_latest_longest_match_proposes_what_followed_it() {
+    fn the_longest_match_proposes_what_followed_it() {
         // "1 2 3 4 5 … 1 2 3" → 4 5 6 follow the earlier "1 2 3".
         let h = [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3];
-        assert_eq!(lookup(&h, 3), &[4, 5, 6]);
-        assert_eq!(lookup(&h, 1), &[4]);
-        assert_eq!(lookup(&h, 0), &[] as &[i32]);
+        assert_eq!(lookup(&h, 3).draft, &[4, 5, 6]);
+        assert_eq!(lookup(&h, 1).draft, &[4]);
+        assert_eq!(lookup(&h, 0).draft, &[] as &[i32]);
         // The latest occurrence wins: "2 3" was followed by 8 most recently.
         let h = [2, 3, 4, 0, 2, 3, 8, 0, 2, 3];
-        assert_eq!(lookup(&h, 2), &[8, 0]);
-        // A trigram match beats a later bigram one.
+        assert_eq!(lookup(&h, 2).draft, &[8, 0]);
+        // A match of three beats a later match of two.
         let h = [1, 2, 3, 7, 0, 2, 3, 8, 0, 1, 2, 3];
-        assert_eq!(lookup(&h, 1), &[7]);
+        assert_eq!(lookup(&h, 1).draft, &[7]);
         // The continuation stops at the end of the history.
         let h = [5, 6, 7, 5, 6];
-        assert_eq!(lookup(&h, 8), &[7, 5, 6]);
+        assert_eq!(lookup(&h, 8).draft, &[7, 5, 6]);
+    }
+
+    #[test]
+    fn the_match_length_is_counted_up_to_its_cap() {
+        // "9 1 2 3" earlier, "5 1 2 3" later, "9 1 2 3" at the end: the earlier match runs
+        // four tokens back, the later one three.
+        let h = [9, 1, 2, 3, 7, 5, 1, 2, 3, 8, 9, 1, 2, 3];
+        assert_eq!(
+            lookup(&h, 2),
+            Lookup {
+                draft: &[7, 5],
+                matched: 4
+            }
+        );
+        // A copy in progress: the match is counted to MATCH_CAP and no further.
+        let text: Vec<i32> = (0..40).collect();
+        let mut h = text.clone();
+        h.extend_from_slice(&text[..30]);
+        let found = lookup(&h, 3);
+        assert_eq!(found.draft, &[30, 31, 32]);
+        assert_eq!(found.matched, MATCH_CAP);
+        assert_eq!(lookup(&[1, 2, 0, 1, 2], 1).matched, 2);
+    }
+
+    #[test]
+    fn acceptance_is_learnt_per_match_length() {
+        let mut d = Drafter::default();
+        d.drafting(Some(2));
+        let short = d.acceptance();
+        d.drafting(Some(40));
+        let copy = d.acceptance();
+        assert!(
+            short < copy,
+            "a longer match starts more trusted: {short} {copy}"
+        );
+        // Short matches keep failing: their bucket drops, the copies' does not move.
+        d.drafting(Some(2));
+        for _ in 0..30 {
+            d.observe(4, 0, 10);
+        }
+        assert!(d.acceptance() < 0.1, "{}", d.acceptance());
+        d.drafting(Some(MATCH_CAP));
+        assert_eq!(d.acceptance(), copy);
+        // A draft model's drafts are judged apart from every lookup bucket.
+        d.drafting(None);
+        assert_eq!(d.acceptance(), MODEL_PRIOR);
+        d.observe(4, 4, 20);
+        assert!(d.acceptance() > MODEL_PRIOR);
+        d.drafting(Some(2));
+        assert!(d.acceptance() < 0.1);
+        // Buckets: each length maps to the last bucket that starts at or below it.
+        assert_eq!(bucket(2), 0);
+        assert_eq!(bucket(5), 2);
+        assert_eq!(bucket(9), 3);
+        assert_eq!(bucket(MATCH_CAP), MATCH_BUCKETS.len() - 1);
     }
 
     #[test]
     fn no_match_or_a_single_token_proposes_nothing() {
-        assert!(lookup(&[1, 2, 3, 4, 5], 4).is_empty());
+        assert!(lookup(&[1, 2, 3, 4, 5], 4).draft.is_empty());
         // Only the last token recurs: too weak.
-        assert!(lookup(&[7, 1, 8, 2, 7], 4).is_empty());
-        assert!(lookup(&[], 4).is_empty());
-        assert!(lookup(&[3, 3], 4).is_empty());
+        assert!(lookup(&[7, 1, 8, 2, 7], 4).draft.is_empty());
+        assert!(lookup(&[], 4).draft.is_empty());
+        assert!(lookup(&[3, 3], 4).draft.is_empty());
         // A run repeats itself.
-        assert_eq!(lookup(&[3, 3, 3], 4), &[3]);
+        assert_eq!(lookup(&[3, 3, 3], 4).draft, &[3]);
     }
 
     #[test]
