@@ -12,6 +12,8 @@
 //! - [`speculate`]: prompt-lookup drafts, checked by a verifying step, and the drafting
 //!   state (adaptive length, pauses) every draft source shares.
 //! - [`draft`]: drafts from a second, smaller model (`--spec draft`).
+//! - [`step_cost`]: what a step costs by rows and sequences, and how much of a draft is
+//!   worth verifying at that cost.
 //! - [`text`]: sampled tokens to UTF-8 text, held back at a possible stop string.
 
 pub mod command;
@@ -30,6 +32,7 @@ mod speculate_tests;
 pub mod state;
 #[cfg(test)]
 mod state_tests;
+pub mod step_cost;
 mod step_plan;
 pub mod text;
 pub mod thread;

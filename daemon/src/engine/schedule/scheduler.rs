@@ -17,8 +17,8 @@ use super::command::Command;
 use super::draft::{Ask, DraftModel};
 use super::prefix::PrefixIndex;
 use super::sequence::{End, Phase, Sequence};
-use super::speculate::{worth_verifying, StepCost};
 use super::state::State;
+use super::step_cost::{worth_verifying, StepCost};
 use super::step_plan::plan_step;
 use crate::config::SpecGate;
 use crate::engine::backend::seam::{Backend, SeqOutcome, Vocab, Work};
@@ -61,7 +61,8 @@ pub(super) struct Scheduler<'v, B> {
     pub(super) clock: Arc<dyn Clock>,
     /// The draft model, with `--spec draft`; without it drafts come from prompt lookup.
     draft: Option<DraftModel<'v>>,
-    /// What a step costs by its rows: whether a draft's rows are worth computing.
+    /// What a step costs by its rows and sequences: whether a draft's rows are worth
+    /// computing.
     step_cost: StepCost,
 }
 
@@ -347,7 +348,8 @@ impl<'v, B: Backend> Scheduler<'v, B> {
             self.store.costs.observe_prefill(plan.tokens(), took);
         }
         if prompt_tokens == 0 {
-            self.step_cost.observe(plan.tokens(), took.as_secs_f64());
+            self.step_cost
+                .observe(plan.tokens(), fed.len(), took.as_secs_f64());
         }
         // Per step, for profiling (`RUST_LOG=inferloopd::step=trace`): what a step fed and
         // what the backend took; the events' timestamps give the time between steps.

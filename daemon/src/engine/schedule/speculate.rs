@@ -225,75 +225,8 @@ impl Drafter {
     }
 }
 
-/// What a step costs as a function of the rows it computes, `c0 + c1 × rows`, fitted by
-/// least squares (recent steps weigh more) over steps that fed no prompt chunk: every row
-/// of a decode or a verification has its logits computed, so those rows cost alike.
-///
-/// Speculation is only worth its rows where they are cheap. Reading the weights dominates a
-/// GPU's step and extra rows are nearly free; on a CPU with a few cores each row costs a
-/// good part of a step, so a draft pays only when it is very likely accepted, and in a
-/// step shared by several streams its rows slow every one of them.
-#[derive(Debug, Clone, Default)]
-pub struct StepCost {
-    n: f64,
-    x: f64,
-    y: f64,
-    xx: f64,
-    xy: f64,
-}
-
 /// Drafts dropped in a row before a short one is tried anyway.
 pub const RETRY_EVERY: u32 = 16;
-
-/// How fast old steps fade from the fit.
-const COST_DECAY: f64 = 0.98;
-/// Steps observed before the fit is trusted.
-const COST_MIN_STEPS: f64 = 16.0;
-
-impl StepCost {
-    /// A step without prompt chunks computed `rows` rows in `secs`.
-    pub fn observe(&mut self, rows: usize, secs: f64) {
-        let x = rows as f64;
-        self.n = self.n * COST_DECAY + 1.0;
-        self.x = self.x * COST_DECAY + x;
-        self.y = self.y * COST_DECAY + secs;
-        self.xx = self.xx * COST_DECAY + x * x;
-        self.xy = self.xy * COST_DECAY + x * secs;
-    }
-
-    /// `(c0, c1)`, once enough steps of different widths were seen.
-    pub fn fit(&self) -> Option<(f64, f64)> {
-        let var = self.n * self.xx - self.x * self.x;
-        if self.n < COST_MIN_STEPS || var <= 1e-9 * self.n * self.n {
-            return None;
-        }
-        let c1 = ((self.n * self.xy - self.x * self.y) / var).max(0.0);
-        let c0 = ((self.y - c1 * self.x) / self.n).max(0.0);
-        (c0 + c1 > 0.0).then_some((c0, c1))
-    }
-}
-
-/// How many of `drafted` tokens to verify for a sequence whose drafted positions are each
-/// accepted with probability `a`, in a step that already computes `rows` rows for
-/// `streams` sequences: the `k` that maximises tokens produced per second over the whole
-/// step, 0 when drafting would lower it. With `k` drafts the sequence yields
-/// `1 + a + … + a^k` tokens on average and the step costs `c0 + c1 (rows + k)`.
-pub fn worth_verifying(
-    (c0, c1): (f64, f64),
-    a: f64,
-    drafted: usize,
-    rows: usize,
-    streams: usize,
-) -> usize {
-    let others = streams.saturating_sub(1) as f64;
-    let rate = |k: usize| {
-        let produced: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
-        (others + produced) / (c0 + c1 * (rows + k) as f64)
-    };
-    (0..=drafted)
-        .max_by(|&i, &j| rate(i).total_cmp(&rate(j)).then(j.cmp(&i)))
-        .unwrap_or(0)
-}
 
 /// A prompt-lookup draft and the length of the match it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,43 +387,6 @@ mod tests {
         d.observe(3, 0, 10);
         assert_eq!(d.k, 1);
         assert!(d.drafted > 0 && d.accepted > 0);
-    }
-
-    #[test]
-    fn step_cost_is_fitted_from_steps_of_different_widths() {
-        let mut c = StepCost::default();
-        for i in 0..40 {
-            c.observe(1 + i % 5, 0.010 + 0.002 * (1 + i % 5) as f64);
-        }
-        let (c0, c1) = c.fit().expect("fitted");
-        assert!(
-            (c0 - 0.010).abs() < 1e-9 && (c1 - 0.002).abs() < 1e-9,
-            "{c0} {c1}"
-        );
-        let mut flat = StepCost::default();
-        for _ in 0..40 {
-            flat.observe(1, 0.01);
-        }
-        assert_eq!(
-            flat.fit(),
-            None,
-            "one width says nothing about a row's cost"
-        );
-    }
-
-    #[test]
-    fn drafts_are_verified_only_where_they_raise_throughput() {
-        // Rows nearly free (a GPU): a doubtful draft is worth several rows.
-        assert!(worth_verifying((0.010, 0.0001), 0.4, 8, 1, 1) >= 4);
-        assert_eq!(worth_verifying((0.010, 0.0001), 0.9, 8, 1, 1), 8);
-        // A row costs half a step (a CPU): only likely drafts, and fewer of them.
-        let cpu = (0.010, 0.005);
-        assert_eq!(worth_verifying(cpu, 0.3, 8, 1, 1), 0);
-        let k = worth_verifying(cpu, 0.9, 8, 1, 1);
-        assert!((3..=8).contains(&k), "{k}");
-        // Beside three other streams, the same draft slows all four: fewer rows pay.
-        assert!(worth_verifying(cpu, 0.9, 8, 4, 4) < k);
-        assert_eq!(worth_verifying(cpu, 0.6, 8, 4, 4), 0);
     }
 
     #[test]
