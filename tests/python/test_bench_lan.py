@@ -254,3 +254,47 @@ def test_repeat_ttft_counts_only_requests_sent_after_their_prompt_was_answered()
                R(start=4.5, end=4.6, outcome="failed", prompt=1)]
     assert lan.repeat_ttft_median(results) == pytest.approx(0.3)
     assert lan.repeat_ttft_median(results[:1]) is None
+
+
+# --- the rejoin probes ---------------------------------------------------------------------------
+
+
+def test_rejoin_probes_are_one_token_requests_with_distinct_prompts_until_stopped():
+    import http.server
+    import json
+    import threading
+    import time
+
+    bodies = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            n = int(self.headers.get("Content-Length", 0))
+            bodies.append((self.path, json.loads(self.rfile.read(n))))
+            payload = b"data: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probes = lan.Probes(server.server_address[1], 0.05, 5.0)
+        probes.start()
+        time.sleep(0.4)
+        probes.stop()
+        time.sleep(0.2)
+        sent = len(bodies)
+        time.sleep(0.2)
+        assert len(bodies) == sent, "no probe after stop()"
+    finally:
+        server.shutdown()
+    assert sent >= 4, sent
+    assert all(path == lan.CHAT_ROUTE and b["max_tokens"] == 1 for path, b in bodies)
+    systems = [b["messages"][0]["content"] for _, b in bodies]
+    assert len(set(systems)) == len(systems), "each probe has its own system prompt"
