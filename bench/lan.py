@@ -639,7 +639,7 @@ def run_faults(args, boxes: list[Box], router: Router, prompts: list[str]) -> di
                 # Probes through the router beside the load: the load's requests arrive only as
                 # the surviving box finishes one (about one a second here), so without them the
                 # wait measured when the load happened to send, not when the router let the box
-                # serve again (one run of five took 7.2 s that way).
+                # serve again (one smoke run of three took 7.2 s that way).
                 probes = Probes(router.port, args.rejoin_probe_s, args.timeout)
                 probes.start()
                 # the box's own count of 200-answered chat requests: the router's first one

@@ -189,11 +189,11 @@ impl Sequence {
     /// feed and a draft after it, or nothing when there is no draft.
     pub fn draft(&mut self, vocab: &dyn Vocab) {
         let k = self.draft_room();
-        let found = super::speculate::lookup(&self.history, k);
-        if let Some(d) = self.drafter.as_mut() {
-            d.drafting(Some(found.matched));
-        }
-        fill_verify(&mut self.verify, &self.phase, found.draft, vocab);
+        let draft = match self.drafter.as_mut() {
+            Some(d) => d.look_up(&self.history, k),
+            None => &[],
+        };
+        fill_verify(&mut self.verify, &self.phase, draft, vocab);
     }
 
     /// Fills [`verify`](Self::verify) with `draft` (from a draft model) after the token to

@@ -149,9 +149,16 @@ impl Drafter {
     /// sequence's output so far.
     pub fn propose(&mut self, history: &[i32], generated: u32, room: usize, out: &mut Vec<i32>) {
         out.clear();
-        let found = lookup(history, self.wants(generated, room));
+        let k = self.wants(generated, room);
+        out.extend_from_slice(self.look_up(history, k));
+    }
+
+    /// The prompt-lookup draft of at most `k` tokens after `history`, its match length
+    /// noted as the bucket its acceptance is judged in.
+    pub fn look_up<'h>(&mut self, history: &'h [i32], k: usize) -> &'h [i32] {
+        let found = lookup(history, k);
         self.drafting(Some(found.matched));
-        out.extend_from_slice(found.draft);
+        found.draft
     }
 
     /// The next draft comes from a prompt-lookup match of `matched` tokens, or from the

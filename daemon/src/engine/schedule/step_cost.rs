@@ -72,7 +72,7 @@ impl StepCost {
         if self.n < COST_MIN_STEPS {
             return None;
         }
-        let cost = self.by_rows_and_seqs().unwrap_or(self.by_rows()?);
+        let cost = self.by_rows_and_seqs().or_else(|| self.by_rows())?;
         (cost.base + cost.row + cost.seq > 0.0).then_some(cost)
     }
 
