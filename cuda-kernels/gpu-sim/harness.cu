@@ -29,6 +29,7 @@
 #ifdef HARNESS_KERNELS
 #include HARNESS_KERNELS
 #else
+#include "../kernels/q8_layout.cu"
 #include "../kernels/q8_gemv.cu"
 #endif
 
@@ -82,6 +83,23 @@ static std::vector<uint8_t> make_weights(int rows, int k) {
         for (int i = 0; i < 32; ++i) w[b + 2 + i] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
     }
     return w;
+}
+
+// The matrix in the kernels' device layout (kernels/q8_layout.cu, src/q8.rs): per row its
+// quants unit by unit of 32 blocks, first halves then second halves; then every f16 scale.
+static std::vector<uint8_t> device_layout(const std::vector<uint8_t>& w, int rows, int k) {
+    const int nb = k / 32;
+    std::vector<uint8_t> d(w.size());
+    for (int r = 0; r < rows; ++r)
+        for (int b = 0; b < nb; ++b) {
+            const size_t blk = ((size_t)r * nb + b) * 34;
+            const int u = b / 32, m = nb - 32 * u < 32 ? nb - 32 * u : 32;
+            uint8_t* q = &d[(size_t)r * k + 1024 * u + 16 * (b % 32)];
+            memcpy(q, &w[blk + 2], 16);
+            memcpy(q + 16 * m, &w[blk + 18], 16);
+            memcpy(&d[(size_t)rows * k + 2 * ((size_t)r * nb + b)], &w[blk], 2);
+        }
+    return d;
 }
 
 // Dequantized weight (row r, index i) and the absolute size of the dot's terms.
@@ -203,7 +221,7 @@ static int run_gemv_f32(int rows, int k, int batch) {
     CK(cudaMalloc(&dw, w.size()));
     CK(cudaMalloc(&dx, x.size() * 4));
     CK(cudaMalloc(&dy, (size_t)batch * rows * 4));
-    CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, device_layout(w, rows, k).data(), w.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     const unsigned grid = (unsigned)((rows + GEMV_ROWS_PER_BLOCK - 1) / GEMV_ROWS_PER_BLOCK);
     const unsigned block = 32 * GEMV_ROWS_PER_BLOCK;
@@ -247,7 +265,7 @@ static int run_gemv_q8(int rows, int k, int batch) {
     CK(cudaMalloc(&dq, xq.size()));
     CK(cudaMalloc(&dd, xd.size() * 4));
     CK(cudaMalloc(&dy, (size_t)batch * rows * 4));
-    CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, device_layout(w, rows, k).data(), w.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dq, xq.data(), xq.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice));
     // gemv_q8_blocks in q8.rs: every warp the same number of row groups.

@@ -1,5 +1,5 @@
 // Embedding lookup: out[t] = dequantized row tokens[t] of a Q8_0 matrix [n_vocab][n_embd]
-// (ggml layout: 34-byte blocks, f16 scale little-endian then 32 int8; n_embd % 32 == 0).
+// (q8_layout.cu's device layout, compiled before this file; n_embd % 32 == 0).
 // Twin: src/cpu/embed.rs (q8::dequantize_row): out = d * q, one rounding, so equal bits.
 // A token outside [0, n_vocab) gives a row of zeros (the kernel cannot report it; the
 // twin returns an error). Header-free (NVRTC with no options).
@@ -8,12 +8,6 @@
 #ifndef EMBED_THREADS
 #define EMBED_THREADS 256
 #endif
-
-__device__ __forceinline__ float h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
 
 extern "C" __global__ void __launch_bounds__(EMBED_THREADS)
 embed_q8_0(const unsigned char* __restrict__ w, const int* __restrict__ tokens,
@@ -24,11 +18,11 @@ embed_q8_0(const unsigned char* __restrict__ w, const int* __restrict__ tokens,
         for (int i = threadIdx.x; i < n_embd; i += blockDim.x) out[i] = 0.0f;
         return;
     }
-    const unsigned char* row = w + (size_t)tok * (size_t)(n_embd / 32 * 34);
+    const q8m wm = q8m_of(w, n_vocab, n_embd);
+    const int nb = n_embd >> 5;
+    const unsigned char* row = wm.q + (size_t)tok * n_embd;
     for (int i = threadIdx.x; i < n_embd; i += blockDim.x) {
-        const unsigned char* blk = row + (i >> 5) * 34;
-        // Byte loads: a view of the matrix need not keep the scales 2-byte aligned.
-        const float d = h2f((unsigned short)(blk[0] | (blk[1] << 8)));
-        out[i] = __fmul_rn(d, (float)(signed char)blk[2 + (i & 31)]);
+        const float d = q8m_scale(wm, tok, nb, i >> 5);
+        out[i] = __fmul_rn(d, (float)(signed char)row[q8m_qoff(i >> 5, i & 31, nb)]);
     }
 }

@@ -1,5 +1,5 @@
 // The decode layer in four launches (steps of 1..=8 tokens). Compiled as one program after
-// q8_gemv.cu and fused.cu (kernels.rs joins the three texts), whose device functions it
+// q8_layout.cu, q8_gemv.cu and fused.cu (kernels.rs joins the three texts), whose device functions it
 // calls: each kernel is q8_gemv_q8's matvec with a prologue or epilogue made of existing
 // kernels' arithmetic, operation for operation, so its twin is the composition of their
 // twins and no float order changes (src/cpu/fused.rs, `layer_*`).
@@ -72,9 +72,8 @@ layer_qkv(const unsigned char* __restrict__ w, const signed char* __restrict__ x
           float* __restrict__ od, int* counters) {
     const int b = blockIdx.x;
     const int qd = n_head * head_dim, kvd = n_head_kv * head_dim, width = qd + 2 * kvd;
-    const long long row_bytes = (long long)(k >> 5) * Q8_BLOCK_BYTES;
     const long long r0 = (long long)b * head_dim;
-    q8_gemv_q8_rows(w + r0 * row_bytes, xq, xd, bias ? bias + r0 : bias, qkv + r0, head_dim, k,
+    q8_gemv_q8_rows(q8m_from(q8m_of(w, width, k), r0, k), xq, xd, bias ? bias + r0 : bias, qkv + r0, head_dim, k,
                     ncols, 0, threadIdx.x >> 5, blockDim.x >> 5, width);
     __syncthreads();  // the head's values, written by lane 0 of each warp, are in qkv
     const int gq = n_head / n_head_kv;
@@ -123,7 +122,7 @@ layer_residual_norm(const unsigned char* __restrict__ w, const signed char* __re
                     int n_out, signed char* __restrict__ q, float* __restrict__ d,
                     int* counter) {
     const int warps = blockDim.x >> 5;
-    q8_gemv_q8_rows(w, xq, xd, nullptr, x, rows, k, ncols, 1,
+    q8_gemv_q8_rows(q8m_of(w, rows, k), xq, xd, nullptr, x, rows, k, ncols, 1,
                     blockIdx.x * warps + (threadIdx.x >> 5), gridDim.x * warps, rows);
     if (!nw) return;
     if (!layer_last_block(counter, gridDim.x)) return;
@@ -144,12 +143,12 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_GEMV_Q8_WARPS)
 layer_gate_up(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
               const float* __restrict__ xd, float* gu, int n_ff, int k, int ncols,
               signed char* __restrict__ q, float* __restrict__ d) {
-    const long long row_bytes = (long long)(k >> 5) * Q8_BLOCK_BYTES;
+    const q8m wm = q8m_of(w, 2LL * n_ff, k);
     const long long r0 = (long long)blockIdx.x * 32;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     for (int part = 0; part < 2; ++part) {
         const long long r = r0 + (long long)part * n_ff;
-        q8_gemv_q8_rows(w + r * row_bytes, xq, xd, nullptr, gu + r, 32, k, ncols, 0, warp, warps,
+        q8_gemv_q8_rows(q8m_from(wm, r, k), xq, xd, nullptr, gu + r, 32, k, ncols, 0, warp, warps,
                         2LL * n_ff);
     }
     __syncthreads();  // the block's gate and up values are in gu

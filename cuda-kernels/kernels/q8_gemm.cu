@@ -1,7 +1,7 @@
 // Q8_0 GEMM for prefill: Y[t][r] = W[r] . X[t] for many tokens, X pre-quantized by
 // quantize.cu (planar: int8 quants xq[tokens * k], f32 scales xd[tokens * k/32]).
 //
-// W: ggml Q8_0 rows as they lie (34-byte blocks, 2-byte aligned: read with 16-bit loads).
+// W: a Q8_0 matrix in q8_layout.cu's device layout (compiled before this file).
 // Y: tokens consecutive f32 vectors of rows.
 //
 // Per output and per 32-block b: isum = sum of the 32 int8 products (__dp4a, exact in
@@ -32,13 +32,6 @@
 #define Q8_GEMM_TOKS (16 * Q8_GEMM_TT)
 #define Q8_GEMM_STRIDE (Q8_GEMM_KB * 8 + 1)
 #define Q8_GEMM_THREADS 256
-#define Q8_BLOCK_BYTES 34
-
-static __device__ __forceinline__ float q8_f16_to_f32(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
 
 extern "C" __global__ void __launch_bounds__(Q8_GEMM_THREADS)
 q8_gemm_f32(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
@@ -54,7 +47,7 @@ q8_gemm_f32(const unsigned char* __restrict__ w, const signed char* __restrict__
     const int r0 = blockIdx.x * Q8_GEMM_ROWS;
     const int t0 = blockIdx.y * Q8_GEMM_TOKS;
     const int nb = k >> 5;
-    const long long row_bytes = (long long)nb * Q8_BLOCK_BYTES;
+    const q8m wm = q8m_of(w, rows, k);
     const int* xq32 = (const int*)xq;  // k % 32 == 0: every block starts 4-byte aligned
 
     float acc[Q8_GEMM_TR][Q8_GEMM_TT];
@@ -67,16 +60,15 @@ q8_gemm_f32(const unsigned char* __restrict__ w, const signed char* __restrict__
         const int kbn = nb - kb0 < Q8_GEMM_KB ? nb - kb0 : Q8_GEMM_KB;
 
         // Weight quants: item = (row, block, word); consecutive threads walk one row's
-        // consecutive bytes, so a warp reads Q8_GEMM_KB * 34 contiguous bytes per row.
+        // blocks, a warp Q8_GEMM_KB blocks of a row (their halves 16 bytes apart).
         for (int item = tid; item < Q8_GEMM_ROWS * Q8_GEMM_KB * 8; item += Q8_GEMM_THREADS) {
             const int word = item & 7;
             const int kb = (item >> 3) % Q8_GEMM_KB;
             const int rt = (item >> 3) / Q8_GEMM_KB;
             int v = 0;
             if (r0 + rt < rows && kb < kbn) {
-                const unsigned short* p = (const unsigned short*)(w + (r0 + rt) * row_bytes +
-                                                                  (kb0 + kb) * Q8_BLOCK_BYTES + 2 + 4 * word);
-                v = (int)((unsigned int)p[0] | ((unsigned int)p[1] << 16));
+                v = *(const int*)(wm.q + (long long)(r0 + rt) * k +
+                                  q8m_qoff(kb0 + kb, 4 * word, nb));
             }
             s_wq[rt * Q8_GEMM_STRIDE + kb * 8 + word] = v;
         }
@@ -85,8 +77,7 @@ q8_gemm_f32(const unsigned char* __restrict__ w, const signed char* __restrict__
             const int rt = item / Q8_GEMM_KB;
             float dv = 0.0f;
             if (r0 + rt < rows && kb < kbn) {
-                dv = q8_f16_to_f32(*(const unsigned short*)(w + (r0 + rt) * row_bytes +
-                                                            (kb0 + kb) * Q8_BLOCK_BYTES));
+                dv = q8m_scale(wm, r0 + rt, nb, kb0 + kb);
             }
             s_wd[rt * Q8_GEMM_KB + kb] = dv;
         }

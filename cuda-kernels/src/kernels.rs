@@ -56,17 +56,17 @@ impl Source {
 
 /// Every kernel source, in a stable order (the compile table follows it).
 pub const SOURCES: &[Source] = sources![
-    "q8_gemv",
-    "q8_gemm",
+    "q8_gemv" after ["q8_layout"],
+    "q8_gemm" after ["q8_layout"],
     "quantize",
     "rmsnorm",
     "rope",
     "elementwise",
-    "embed",
+    "embed" after ["q8_layout"],
     "softmax",
     "attention",
     "fused",
-    "layer" after ["q8_gemv", "fused"],
+    "layer" after ["q8_layout", "q8_gemv", "fused"],
 ];
 
 /// The source named `name`.

@@ -86,9 +86,96 @@ pub fn dequantize_row(row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Blocks in one unit of the device layout: a warp's 32 lanes take one block each.
+const UNIT: usize = 32;
+
+/// Byte offset in a row of the device layout of quant `i` (0..32) of block `b`, `nb` blocks
+/// a row (`q8m_qoff` in `kernels/q8_layout.cu`).
+fn device_quant_offset(b: usize, i: usize, nb: usize) -> usize {
+    let u = b / UNIT;
+    let m = (nb - UNIT * u).min(UNIT);
+    UNIT * QK * u + (i / 16) * 16 * m + 16 * (b % UNIT) + i % 16
+}
+
+impl Q8Matrix<'_> {
+    /// The matrix in the kernels' device layout (`kernels/q8_layout.cu`), the same size:
+    /// every row's quants, unit by unit of 32 blocks the blocks' first 16 quants and then
+    /// their last 16, followed by every block's f16 scale in row order. Every CUDA kernel
+    /// that reads weights reads this layout, so weights are converted once, at upload.
+    pub fn to_device_layout(&self) -> Vec<u8> {
+        device_layout(&[self])
+    }
+}
+
+/// The matrices `parts` (rows of the same `k`) joined row after row, in the device layout
+/// of [`Q8Matrix::to_device_layout`], without a joined copy in the GGUF layout first.
+///
+/// # Panics
+/// If the parts' rows differ in length.
+pub fn device_layout(parts: &[&Q8Matrix<'_>]) -> Vec<u8> {
+    let k = parts.first().map_or(QK, |m| m.k);
+    assert!(
+        parts.iter().all(|m| m.k == k),
+        "joined rows differ in length"
+    );
+    let nb = k / QK;
+    let rows: usize = parts.iter().map(|m| m.rows).sum();
+    let quants = rows * k;
+    let mut out = vec![0u8; rows * row_bytes(k)];
+    let all_rows = parts.iter().flat_map(|m| (0..m.rows).map(|r| m.row(r)));
+    for (r, row) in all_rows.enumerate() {
+        let dst = &mut out[r * k..(r + 1) * k];
+        for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+            for half in 0..2 {
+                let at = device_quant_offset(b, 16 * half, nb);
+                dst[at..at + 16].copy_from_slice(&block[2 + 16 * half..18 + 16 * half]);
+            }
+        }
+        for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+            let s = quants + 2 * (r * nb + b);
+            out[s..s + 2].copy_from_slice(&block[..2]);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every quant and scale lands where the kernels read it, for a row of whole units and
+    /// one with a short last unit (k = 1536: 48 blocks, units of 32 and 16).
+    #[test]
+    fn the_device_layout_puts_each_byte_where_the_kernels_read_it() {
+        for (rows, k) in [(3, 1024), (2, 1536), (5, 576)] {
+            let nb = k / QK;
+            let bytes: Vec<u8> = (0..rows * row_bytes(k))
+                .map(|i| (i * 7 % 251) as u8)
+                .collect();
+            let m = Q8Matrix::new(&bytes, rows, k).unwrap();
+            let dev = m.to_device_layout();
+            assert_eq!(dev.len(), bytes.len());
+            for r in 0..rows {
+                for b in 0..nb {
+                    let block = &m.row(r)[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+                    for i in 0..QK {
+                        assert_eq!(dev[r * k + device_quant_offset(b, i, nb)], block[2 + i]);
+                    }
+                    let s = rows * k + 2 * (r * nb + b);
+                    assert_eq!(&dev[s..s + 2], &block[..2]);
+                }
+            }
+            // A unit's first halves are 16 * m contiguous bytes: the lanes' loads cover them.
+            assert_eq!(device_quant_offset(nb - 1, 31, nb) + 1, k);
+            // Parts joined row after row lay out as the matrix they make.
+            let (top, bottom) = bytes.split_at(row_bytes(k));
+            let parts = [
+                Q8Matrix::new(top, 1, k).unwrap(),
+                Q8Matrix::new(bottom, rows - 1, k).unwrap(),
+            ];
+            assert_eq!(device_layout(&[&parts[0], &parts[1]]), dev);
+        }
+    }
 
     #[test]
     fn a_row_round_trips_within_half_a_step() {

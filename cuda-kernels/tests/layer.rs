@@ -55,6 +55,7 @@ mod gpu {
     use super::*;
     use inferloop_kernels::cuda::cudarc::driver::CudaSlice;
     use inferloop_kernels::cuda::layer::{self, Act};
+    use inferloop_kernels::cuda::q8::upload_weights;
     use inferloop_kernels::cuda::{test_gpu, Gpu};
 
     fn dev_act<'a>(
@@ -140,7 +141,7 @@ mod gpu {
             )?;
 
             let st = &g.stream;
-            let dw = st.clone_htod(&w)?;
+            let dw = upload_weights(st, &wm)?;
             let (mut aq, mut ad) = (None, None);
             let da = dev_act(&g, &a, &mut aq, &mut ad);
             let db = bias.as_ref().map(|b| st.clone_htod(b)).transpose()?;
@@ -225,7 +226,7 @@ mod gpu {
                 norm,
             )?;
 
-            let dw = st.clone_htod(&w)?;
+            let dw = upload_weights(st, &Q8Matrix::new(&w, rows, k)?)?;
             let (mut aq, mut ad) = (None, None);
             let da = dev_act(&g, &a, &mut aq, &mut ad);
             let dnw = st.clone_htod(&nw)?;
@@ -284,7 +285,7 @@ mod gpu {
             let wm = Q8Matrix::new(&w, 2 * ff, k)?;
             twin::layer_gate_up(Isa::detect(), &wm, &a, &mut gu, &mut q, &mut d)?;
 
-            let dw = st.clone_htod(&w)?;
+            let dw = upload_weights(st, &wm)?;
             let (mut aq, mut ad) = (None, None);
             let da = dev_act(&g, &a, &mut aq, &mut ad);
             let mut dgu = st.alloc_zeros::<f32>(n * 2 * ff)?;

@@ -627,7 +627,7 @@ mod gpu {
         let dev_tokens = [0i32, 299, 17, 150, -1, 300];
         want.extend(std::iter::repeat_n(0.0, 2 * N_EMBD));
         let (dw, dt) = (
-            g.stream.clone_htod(&bytes)?,
+            inferloop_kernels::cuda::q8::upload_weights(&g.stream, &w)?,
             g.stream.clone_htod(&dev_tokens)?,
         );
         let mut dout = g.stream.alloc_zeros::<f32>(want.len())?;

@@ -363,7 +363,7 @@ mod gpu {
             let bytes = random_matrix(&mut rng, rows, k);
             let w = Q8Matrix::new(&bytes, rows, k).unwrap();
             let x = random_vec(&mut rng, 11 * k);
-            let dw = gpu.stream.clone_htod(&bytes).unwrap();
+            let dw = q8::upload_weights(&gpu.stream, &w).unwrap();
             for ncols in (1..=8).chain([11]) {
                 let dx = gpu.stream.clone_htod(&x[..ncols * k]).unwrap();
                 let dy = q8::gemv(&gpu, &dw, rows, k, &dx, ncols).unwrap();
@@ -382,7 +382,7 @@ mod gpu {
         for &(rows, k) in SHAPES {
             let bytes = random_matrix(&mut rng, rows, k);
             let w = Q8Matrix::new(&bytes, rows, k).unwrap();
-            let dw = gpu.stream.clone_htod(&bytes).unwrap();
+            let dw = q8::upload_weights(&gpu.stream, &w).unwrap();
             for tokens in [16, 37, 130] {
                 let x = random_vec(&mut rng, tokens * k);
                 let dx = gpu.stream.clone_htod(&x).unwrap();

@@ -287,10 +287,12 @@ mod cuda {
         let mut rows = Vec::new();
         for shape in shapes {
             let bytes = random_q8(shape.rows, shape.k);
+            // The kernels read the device layout, as the daemon uploads it.
+            let dev = Q8Matrix::new(&bytes, shape.rows, shape.k)?.to_device_layout();
             // Copies at distinct addresses, more than twice the L2 together.
             let copies = (2 * gpu.l2_bytes / bytes.len() + 1).max(1);
             let ws = (0..copies)
-                .map(|_| gpu.stream.clone_htod(&bytes))
+                .map(|_| gpu.stream.clone_htod(&dev))
                 .collect::<Result<Vec<_>, _>>()?;
             // Enough launches per timing that launch overhead does not dominate, and every
             // copy read at least once.

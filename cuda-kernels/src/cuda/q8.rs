@@ -1,19 +1,21 @@
 //! Launch wrappers for the Q8_0 linear kernels (`q8_gemv.cu`, `quantize.cu`, `q8_gemm.cu`);
 //! their CPU twins are [`crate::cpu::gemv`], [`crate::cpu::quantize`], [`crate::cpu::gemm`].
-//! Layouts are the twins': `x` / `y` are consecutive column vectors (one per token),
-//! weights are Q8_0 rows exactly as in the GGUF file.
+//! Layouts are the twins': `x` / `y` are consecutive column vectors (one per token).
+//! Weights are in the kernels' device layout ([`Q8Matrix::to_device_layout`], uploaded by
+//! [`upload_weights`]): the GGUF's bytes rearranged, the same size, so that the decode
+//! matvec reads them with aligned, coalesced 16-byte loads.
 //!
 //! The launch shapes below mirror the kernels' default tuning macros; a module compiled
 //! with other `-D` values needs matching constants.
 
 use cudarc::driver::{
-    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
-    PushKernelArg,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 
 use super::{Gpu, GpuError};
 use crate::cpu::gemv::ShapeError;
-use crate::q8::{row_bytes, LayoutError, QK};
+use crate::q8::{row_bytes, LayoutError, Q8Matrix, QK};
 
 /// Columns one GEMV launch takes (the kernel's `Q8_GEMV_MAX_COLS`); more go in passes.
 pub const GEMV_MAX_COLS: usize = 8;
@@ -21,8 +23,8 @@ pub const GEMV_MAX_COLS: usize = 8;
 pub const GEMV_ROWS_PER_BLOCK: usize = 4;
 /// Warps per thread block of `q8_gemv_q8`: `Q8_GEMV_Q8_WARPS`.
 pub const GEMV_Q8_WARPS: usize = 4;
-/// Rows each `q8_gemv_q8` warp takes side by side: `Q8_GEMV_Q8_ROWS`.
-pub const GEMV_Q8_ROWS_PER_WARP: usize = 2;
+/// Rows each `q8_gemv_q8` warp takes at a time (one: its lanes take a unit's 32 blocks).
+pub const GEMV_Q8_ROWS_PER_WARP: usize = 1;
 /// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
 /// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87; the kernel's
 /// launch bound `Q8_GEMV_Q8_MIN_BLOCKS` keeps it there), so that every SM keeps 20 warps'
@@ -31,9 +33,9 @@ pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
 
 /// `q8_gemv_q8`'s grid for `rows` on `sm_count` SMs: at most [`GEMV_Q8_BLOCKS_PER_SM`] blocks
 /// an SM, and only as many warps as give every warp the same number of row groups (passes
-/// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, two
-/// passes each, not 40 blocks where 60% of the warps make a second pass that the SMs run
-/// under-filled.
+/// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, four
+/// rows a warp, not 40 blocks where a fifth of the warps make a fourth pass that the SMs
+/// run under-filled.
 pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
     let sms = sm_count.max(1);
     let cap = sms * GEMV_Q8_BLOCKS_PER_SM;
@@ -44,6 +46,14 @@ pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
     (blocks.div_ceil(sms) * sms)
         .min(cap)
         .min(groups.div_ceil(GEMV_Q8_WARPS))
+}
+
+/// Copies `m` to the device in the kernels' layout: the weights every wrapper here takes.
+pub fn upload_weights(
+    stream: &std::sync::Arc<CudaStream>,
+    m: &Q8Matrix<'_>,
+) -> Result<CudaSlice<u8>, DriverError> {
+    stream.clone_htod(&m.to_device_layout())
 }
 
 /// Quantization blocks (warps) per thread block of `quantize_q8_f32`.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use inferloop_kernels::cpu::attention::{AttnShape, CHUNK};
 use inferloop_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use inferloop_kernels::cuda::layer;
-use inferloop_kernels::q8::{Q8Matrix, QK};
+use inferloop_kernels::q8::{device_layout, Q8Matrix, QK};
 
 use super::super::batch::{op_on, UBATCH};
 use super::super::error::NativeError;
@@ -110,11 +110,13 @@ pub(super) fn upload_weights(
                 "{what}: the matrices joined have rows of different lengths"
             )));
         }
-        let joined: Vec<u8> = parts.iter().flat_map(|m| m.bytes.iter().copied()).collect();
-        matrices += joined.len();
+        // The kernels read their own layout (the same size): rearranged once, here.
+        let dev = device_layout(parts);
+        let rows = parts.iter().map(|m| m.rows).sum();
+        matrices += dev.len();
         Ok(DevQ8 {
-            bytes: st.clone_htod(&joined).map_err(op(None, what))?,
-            rows: parts.iter().map(|m| m.rows).sum(),
+            bytes: st.clone_htod(&dev).map_err(op(None, what))?,
+            rows,
             k,
         })
     };
