@@ -249,7 +249,7 @@ struct q8_unit_regs {
 };
 
 // Any columns and k: a unit at a time, the next two (row, unit)s' loads in flight while
-// this one is computed (one was too few at k = 14336: 0.79 of the copy kernel). The
+// this one is computed (one measured the same, 0.79 of the copy kernel at k = 14336). The
 // activations come from xs / xds (XST: staged by q8_gemv_q8_rows, a unit's block l at
 // words l and m + l, so the lanes' 16-byte reads are conflict-free) or from global.
 template <bool XST>
