@@ -122,6 +122,9 @@ if grep -q "pub const GEMV_Q8_WARPS" cuda-kernels/src/cuda/q8.rs; then
     defs+=(-DGEMV_Q8_WARPS="$(const GEMV_Q8_WARPS)" -DGEMV_Q8_BLOCKS_PER_SM="$(const GEMV_Q8_BLOCKS_PER_SM)"
         -DGEMV_Q8_ROWS_PER_WARP="$(const GEMV_Q8_ROWS_PER_WARP)")
 fi
+if grep -q "pub const GEMV_Q8_ANY_ROWS" cuda-kernels/src/cuda/q8.rs; then
+    defs+=(-DGEMV_Q8_ANY_ROWS="$(const GEMV_Q8_ANY_ROWS)")
+fi
 "$cu13/bin/nvcc" -O3 -arch=sm_86 -cudart shared -diag-suppress 177 "${defs[@]}" \
     -o "$OUT/harness" "$here/harness.cu"
 

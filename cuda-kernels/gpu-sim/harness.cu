@@ -269,7 +269,12 @@ static int run_gemv_q8(int rows, int k, int batch) {
     CK(cudaMemcpy(dq, xq.data(), xq.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice));
     // gemv_q8_blocks in q8.rs: every warp the same number of row groups.
-    const long long groups = (rows + GEMV_Q8_ROWS_PER_WARP - 1) / GEMV_Q8_ROWS_PER_WARP;
+#ifdef GEMV_Q8_ANY_ROWS  // gemv_q8_rows_per_warp in q8.rs
+    const int per = batch == 1 && k <= 4096 ? GEMV_Q8_ROWS_PER_WARP : GEMV_Q8_ANY_ROWS;
+#else
+    const int per = GEMV_Q8_ROWS_PER_WARP;
+#endif
+    const long long groups = (rows + per - 1) / per;
     const long long max_warps = (long long)sm_count() * GEMV_Q8_BLOCKS_PER_SM * GEMV_Q8_WARPS;
     const long long passes = (groups + max_warps - 1) / max_warps;
     const long long warps = (groups + passes - 1) / passes;

@@ -36,8 +36,9 @@
 // blockDim.x, the macro only bounds it), grid = ceil(rows / rows per block).
 //
 // q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes a
-// row at a time and the warps walk the rows with a grid stride (the wrapper sizes the grid
-// from the SM count and the rows, every warp as many rows). xq must be 16-byte aligned (k
+// row (one column, k <= 4096) or Q8_ANY_ROWS rows at a time and the warps walk the rows with
+// a grid stride (the wrapper sizes the grid from the SM count and the rows, every warp as
+// many rows). xq must be 16-byte aligned (k
 // is a multiple of 32, so every block then is), xd, bias and y 4-byte. No shared memory.
 
 #ifndef Q8_GEMV_ROWS_PER_BLOCK
@@ -240,18 +241,26 @@ static __device__ __forceinline__ void q8_gemv_q8_x1(q8m w, const signed char* _
 #define Q8_XS_BYTES 16384
 #endif
 
-// A unit's weights for one lane, fetched ahead: quants, scale, and which (row, unit).
+// Rows a warp takes side by side in q8_gemv_q8_any (GEMV_Q8_ANY_ROWS in q8.rs): each
+// activation read serves them all.
+#ifndef Q8_ANY_ROWS
+#define Q8_ANY_ROWS 2
+#endif
+
+// A unit of Q8_ANY_ROWS rows for one lane, fetched ahead: quants, scales, and which rows
+// and unit.
 struct q8_unit_regs {
-    q8_u4 a, b;
-    unsigned short s;
-    long long row;
+    q8_u4 a[Q8_ANY_ROWS], b[Q8_ANY_ROWS];
+    unsigned short s[Q8_ANY_ROWS];
+    long long row0;
     int u;
 };
 
-// Any columns and k: a unit at a time, the next two (row, unit)s' loads in flight while
-// this one is computed (one measured the same, 0.79 of the copy kernel at k = 14336). The
-// activations come from xs / xds (XST: staged by q8_gemv_q8_rows, a unit's block l at
-// words l and m + l, so the lanes' 16-byte reads are conflict-free) or from global.
+// Any columns and k: warp g takes rows R*g .. R*g+R-1 (R = Q8_ANY_ROWS), then
+// R*(g + groups) .., a unit of all R rows at a time, the next unit's loads in flight
+// while one is computed (two in flight measured the same, at one row a warp). The activations come from xs / xds (XST: staged by
+// q8_gemv_q8_rows, a unit's block l at words l and m + l, so the lanes' 16-byte reads are
+// conflict-free) or from global, read once for the R rows.
 template <bool XST>
 static __device__ __forceinline__ void q8_gemv_q8_any(
     q8m w, const signed char* __restrict__ xq, const float* __restrict__ xd,
@@ -260,74 +269,89 @@ static __device__ __forceinline__ void q8_gemv_q8_any(
     const int lane = threadIdx.x & 31;
     const int nb = k >> 5;
     const int nunits = (nb + 31) >> 5;
-    long long row = group;  // the next (row, unit) to fetch
+    long long row0 = (long long)group * Q8_ANY_ROWS;  // the next unit to fetch
     int u = 0;
-    q8_unit_regs s0, s1;
-    s0.a = {0, 0, 0, 0};
-    s0.b = s0.a;
-    s0.s = 0;
-    s1 = s0;
-    // Fetch the next (row, unit) into S (S.row >= rows: none left).
-#define Q8_FETCH_INTO(S)                                                          \
-    do {                                                                          \
-        (S).row = row;                                                            \
-        (S).u = u;                                                                \
-        if (row < rows) {                                                         \
-            const int m_ = q8_unit_blocks(nb, u);                                 \
-            if (lane < m_) q8_fetch(w, row, k, nb, u, m_, lane, (S).a, (S).b, (S).s); \
-            if (++u == nunits) {                                                  \
-                u = 0;                                                            \
-                row += groups;                                                    \
-            }                                                                     \
-        }                                                                         \
-    } while (0)
-    float acc[Q8_GEMV_MAX_COLS];
+    q8_unit_regs next;
 #pragma unroll
-    for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) acc[c] = 0.0f;
+    for (int d = 0; d < Q8_ANY_ROWS; ++d) {
+        next.a[d] = {0, 0, 0, 0};
+        next.b[d] = next.a[d];
+        next.s[d] = 0;
+    }
+    // Fetch the next unit into S (S.row0 >= rows: none left).
+#define Q8_FETCH_INTO(S)                                                               \
+    do {                                                                               \
+        (S).row0 = row0;                                                               \
+        (S).u = u;                                                                     \
+        if (row0 < rows) {                                                             \
+            const int m_ = q8_unit_blocks(nb, u);                                      \
+            _Pragma("unroll") for (int d = 0; d < Q8_ANY_ROWS; ++d) {                  \
+                if (row0 + d < rows && lane < m_)                                      \
+                    q8_fetch(w, row0 + d, k, nb, u, m_, lane, (S).a[d], (S).b[d],      \
+                             (S).s[d]);                                                \
+            }                                                                          \
+            if (++u == nunits) {                                                       \
+                u = 0;                                                                 \
+                row0 += (long long)groups * Q8_ANY_ROWS;                               \
+            }                                                                          \
+        }                                                                              \
+    } while (0)
+    float acc[Q8_ANY_ROWS][Q8_GEMV_MAX_COLS];
+#pragma unroll
+    for (int d = 0; d < Q8_ANY_ROWS; ++d)
+#pragma unroll
+        for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) acc[d][c] = 0.0f;
     auto consume = [&](const q8_unit_regs& cur) {
         const int cu = cur.u;
         const int blk = 32 * cu + lane;
         const int m = q8_unit_blocks(nb, cu);
         if (lane < m) {
-            const float dw = q8_f16_to_f32(cur.s);
+            float dw[Q8_ANY_ROWS];
+#pragma unroll
+            for (int d = 0; d < Q8_ANY_ROWS; ++d) dw[d] = q8_f16_to_f32(cur.s[d]);
 #pragma unroll
             for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
                 if (c < ncols) {
-                    int isum;
+                    q8_i4 x0, x1;
                     float dx;
                     if (XST) {
                         const q8_i4* xu = xs + c * (k >> 4) + 64 * cu + lane;
-                        isum = q8_dot(cur.a, cur.b, xu[0], xu[m]);
+                        x0 = xu[0];
+                        x1 = xu[m];
                         dx = xds[c * nb + blk];
                     } else {
                         const q8_i4* xp = (const q8_i4*)(xq + (long long)c * k + 32 * blk);
-                        isum = q8_dot(cur.a, cur.b, xp[0], xp[1]);
+                        x0 = xp[0];
+                        x1 = xp[1];
                         dx = xd[(long long)c * nb + blk];
                     }
-                    acc[c] = __fmaf_rn(__fmul_rn(dw, dx), __int2float_rn(isum), acc[c]);
+#pragma unroll
+                    for (int d = 0; d < Q8_ANY_ROWS; ++d) {
+                        const int isum = q8_dot(cur.a[d], cur.b[d], x0, x1);
+                        acc[d][c] =
+                            __fmaf_rn(__fmul_rn(dw[d], dx), __int2float_rn(isum), acc[d][c]);
+                    }
                 }
             }
         }
         if (cu == nunits - 1) {
 #pragma unroll
-            for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
-                if (c < ncols)
-                    q8_finish(acc[c], bias, y + c * ystride + cur.row, cur.row, accumulate);
-                acc[c] = 0.0f;
+            for (int d = 0; d < Q8_ANY_ROWS; ++d) {
+                const long long r = cur.row0 + d;
+#pragma unroll
+                for (int c = 0; c < Q8_GEMV_MAX_COLS; ++c) {
+                    if (c < ncols && r < rows)  // warp-uniform: full-mask shuffles
+                        q8_finish(acc[d][c], bias, y + c * ystride + r, r, accumulate);
+                    acc[d][c] = 0.0f;
+                }
             }
         }
     };
-    Q8_FETCH_INTO(s0);
-    Q8_FETCH_INTO(s1);
-    // Units are consumed in the order fetched: s0, s1, s0, ... (the rows are the warp's,
-    // so whole warps loop and leave together: full-mask shuffles).
-    while (s0.row < rows) {
-        q8_unit_regs cur = s0;
-        Q8_FETCH_INTO(s0);
-        consume(cur);
-        if (s1.row >= rows) break;
-        cur = s1;
-        Q8_FETCH_INTO(s1);
+    Q8_FETCH_INTO(next);
+    // The rows are the warp's, so whole warps loop and leave together.
+    while (next.row0 < rows) {
+        const q8_unit_regs cur = next;
+        Q8_FETCH_INTO(next);
         consume(cur);
     }
 #undef Q8_FETCH_INTO
@@ -335,7 +359,8 @@ static __device__ __forceinline__ void q8_gemv_q8_any(
 
 // q8_gemv_q8's body as a device function, so fused kernels (layer.cu) run the same matvec
 // between a prologue and an epilogue of their own: warp `group` of `groups` takes rows
-// group, group + groups, ... of the `rows` rows of w; column c of the result is
+// group, group + groups, ... of the `rows` rows of w (one column, k <= 4096), or
+// Q8_ANY_ROWS at a time from Q8_ANY_ROWS * group on (otherwise); column c of the result is
 // y[c * ystride + row]. Every thread of the block calls it (the activations' staging has
 // block barriers), with at most Q8_GEMV_Q8_WARPS warps.
 // y must not be __restrict__: with accumulate, each element is read and then written by

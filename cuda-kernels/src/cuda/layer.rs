@@ -11,7 +11,7 @@ use cudarc::driver::PushKernelArg;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::ops::OpError;
-use super::q8::{GEMV_MAX_COLS, GEMV_Q8_BLOCKS_PER_SM, GEMV_Q8_ROWS_PER_WARP, GEMV_Q8_WARPS};
+use super::q8::{gemv_q8_rows_per_warp, GEMV_MAX_COLS, GEMV_Q8_BLOCKS_PER_SM, GEMV_Q8_WARPS};
 use super::Gpu;
 use crate::cpu::attention::{self, AttnShape};
 use crate::cpu::rope::{Rope, RopeMode};
@@ -269,7 +269,7 @@ pub fn residual_norm(
     }
     let (rows_i, k_i, n_i) = (int("rows", rows)?, int("k", k)?, int("ncols", n)?);
     let blocks = rows
-        .div_ceil(GEMV_Q8_WARPS * GEMV_Q8_ROWS_PER_WARP)
+        .div_ceil(GEMV_Q8_WARPS * gemv_q8_rows_per_warp(k, n))
         .min(gpu.sm_count.max(1) * GEMV_Q8_BLOCKS_PER_SM);
     // Without a norm its pointers are null and the kernel stops after the matvec.
     let (mut nwp, mut eps, mut selp, mut n_out, mut qp, mut dp) = (0u64, 0f32, 0u64, 0i32, 0, 0);

@@ -23,8 +23,25 @@ pub const GEMV_MAX_COLS: usize = 8;
 pub const GEMV_ROWS_PER_BLOCK: usize = 4;
 /// Warps per thread block of `q8_gemv_q8`: `Q8_GEMV_Q8_WARPS`.
 pub const GEMV_Q8_WARPS: usize = 4;
-/// Rows each `q8_gemv_q8` warp takes at a time (one: its lanes take a unit's 32 blocks).
+/// Rows each `q8_gemv_q8` warp takes at a time with one column and k up to
+/// [`GEMV_Q8_XREG_K`]: one (its lanes take a unit's 32 blocks, the activations sit in
+/// registers).
 pub const GEMV_Q8_ROWS_PER_WARP: usize = 1;
+/// Rows a warp takes side by side otherwise (`Q8_ANY_ROWS`): each activation read, from
+/// shared memory or global, serves them all.
+pub const GEMV_Q8_ANY_ROWS: usize = 2;
+/// The largest k whose activations (one column) `q8_gemv_q8` holds in registers
+/// (`Q8_XREG_UNITS` units of 1024).
+pub const GEMV_Q8_XREG_K: usize = 4096;
+
+/// Rows a `q8_gemv_q8` warp takes at a time for `ncols` columns of `k`.
+pub fn gemv_q8_rows_per_warp(k: usize, ncols: usize) -> usize {
+    if ncols == 1 && k <= GEMV_Q8_XREG_K {
+        GEMV_Q8_ROWS_PER_WARP
+    } else {
+        GEMV_Q8_ANY_ROWS
+    }
+}
 /// `q8_gemv_q8` thread blocks per SM at most (its warps walk the rows with a grid stride):
 /// 5 x 4 warps, as many as an SM holds at its 96 registers a thread (sm_87; the kernel's
 /// launch bound `Q8_GEMV_Q8_MIN_BLOCKS` keeps it there), so that every SM keeps 20 warps'
@@ -36,10 +53,10 @@ pub const GEMV_Q8_BLOCKS_PER_SM: usize = 5;
 /// of the grid stride), rounded up to whole SMs: 512 rows on 8 SMs take 32 blocks, four
 /// rows a warp, not 40 blocks where a fifth of the warps make a fourth pass that the SMs
 /// run under-filled.
-pub fn gemv_q8_blocks(rows: usize, sm_count: usize) -> usize {
+pub fn gemv_q8_blocks(rows: usize, rows_per_warp: usize, sm_count: usize) -> usize {
     let sms = sm_count.max(1);
     let cap = sms * GEMV_Q8_BLOCKS_PER_SM;
-    let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
+    let groups = rows.div_ceil(rows_per_warp.max(1));
     let passes = groups.div_ceil(cap * GEMV_Q8_WARPS).max(1);
     let blocks = groups.div_ceil(passes).div_ceil(GEMV_Q8_WARPS);
     // Whole SMs, but no block without a row group in the first pass.
@@ -253,7 +270,7 @@ pub fn gemv_q8_into(
         return Ok(());
     }
     let f = gpu.function("q8_gemv", "q8_gemv_q8")?;
-    let blocks = gemv_q8_blocks(rows, gpu.sm_count);
+    let blocks = gemv_q8_blocks(rows, gemv_q8_rows_per_warp(k, ncols), gpu.sm_count);
     let cfg = LaunchConfig {
         grid_dim: (int("rows", blocks)? as u32, 1, 1),
         block_dim: (32 * GEMV_Q8_WARPS as u32, 1, 1),
@@ -453,10 +470,10 @@ mod tests {
     /// Every row group gets a warp, no warp more passes than another, no more than the cap.
     #[test]
     fn gemv_q8_grid_balances_the_passes() {
-        for sms in [1, 8, 16] {
+        for (sms, per) in [(1, 1), (8, 1), (16, 1), (8, 2), (132, 2)] {
             for rows in [1, 7, 192, 512, 576, 1024, 1536, 4096, 14336] {
-                let blocks = gemv_q8_blocks(rows, sms);
-                let groups = rows.div_ceil(GEMV_Q8_ROWS_PER_WARP);
+                let blocks = gemv_q8_blocks(rows, per, sms);
+                let groups = rows.div_ceil(per);
                 let warps = blocks * GEMV_Q8_WARPS;
                 assert!(
                     blocks >= 1 && blocks <= sms * GEMV_Q8_BLOCKS_PER_SM,
@@ -473,7 +490,10 @@ mod tests {
                 assert!(blocks % sms == 0 || blocks == groups.div_ceil(GEMV_Q8_WARPS));
             }
         }
-        assert_eq!(gemv_q8_blocks(512, 8), 32);
-        assert_eq!(gemv_q8_blocks(4096, 8), 40);
+        assert_eq!(gemv_q8_blocks(512, 1, 8), 32);
+        assert_eq!(gemv_q8_blocks(4096, 1, 8), 40);
+        assert_eq!(gemv_q8_rows_per_warp(4096, 1), 1);
+        assert_eq!(gemv_q8_rows_per_warp(4096, 2), 2);
+        assert_eq!(gemv_q8_rows_per_warp(14336, 1), 2);
     }
 }
