@@ -1,6 +1,6 @@
 // The decode layer in four launches (steps of 1..=8 tokens). Compiled as one program after
-// q8_layout.cu, q8_gemv.cu and fused.cu (kernels.rs joins the three texts), whose device functions it
-// calls: each kernel is q8_gemv_q8's matvec with a prologue or epilogue made of existing
+// q8_layout.cu, q8_gemv.cu and fused.cu (kernels.rs joins the four texts), whose device
+// functions it calls: each kernel is q8_gemv_q8's matvec with a prologue or epilogue made of existing
 // kernels' arithmetic, operation for operation, so its twin is the composition of their
 // twins and no float order changes (src/cpu/fused.rs, `layer_*`).
 //
@@ -73,8 +73,8 @@ layer_qkv(const unsigned char* __restrict__ w, const signed char* __restrict__ x
     const int b = blockIdx.x;
     const int qd = n_head * head_dim, kvd = n_head_kv * head_dim, width = qd + 2 * kvd;
     const long long r0 = (long long)b * head_dim;
-    q8_gemv_q8_rows(q8m_from(q8m_of(w, width, k), r0, k), xq, xd, bias ? bias + r0 : bias, qkv + r0, head_dim, k,
-                    ncols, 0, threadIdx.x >> 5, blockDim.x >> 5, width);
+    q8_gemv_q8_rows(q8m_from(q8m_of(w, width, k), r0, k), xq, xd, bias ? bias + r0 : bias,
+                    qkv + r0, head_dim, k, ncols, 0, threadIdx.x >> 5, blockDim.x >> 5, width);
     __syncthreads();  // the head's values, written by lane 0 of each warp, are in qkv
     const int gq = n_head / n_head_kv;
     // The kv group of head b.

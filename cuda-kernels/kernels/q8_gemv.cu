@@ -135,12 +135,12 @@ static __device__ __forceinline__ q8_u4 q8_ld16(const unsigned char* p) {
 // unit's (or row's) loads are issued before the current one is computed, so every warp
 // keeps a unit or more in flight. One column with k <= 4096 (a decode step of one token):
 // the lane's activations (its blocks of each unit, at most 4) stay in registers for all of
-// the warp's rows. Otherwise they are read per unit, through L1, which keeps them.
+// the warp's rows. Otherwise two rows a warp share each read of a unit's activations,
+// staged in shared memory when they fit, else from global.
 // 5 blocks an SM (GEMV_Q8_BLOCKS_PER_SM in q8.rs): at most 96 registers a thread.
 #ifndef Q8_GEMV_Q8_MIN_BLOCKS
 #define Q8_GEMV_Q8_MIN_BLOCKS 5
 #endif
-#define Q8_XREG_UNITS 4
 
 // Block 32u + lane of row r (lane < m, the unit's blocks): quants and scale.
 static __device__ __forceinline__ void q8_fetch(q8m w, long long r, int k, int nb, int u, int m,
@@ -258,9 +258,10 @@ struct q8_unit_regs {
 
 // Any columns and k: warp g takes rows R*g .. R*g+R-1 (R = Q8_ANY_ROWS), then
 // R*(g + groups) .., a unit of all R rows at a time, the next unit's loads in flight
-// while one is computed (two in flight measured the same, at one row a warp). The activations come from xs / xds (XST: staged by
-// q8_gemv_q8_rows, a unit's block l at words l and m + l, so the lanes' 16-byte reads are
-// conflict-free) or from global, read once for the R rows.
+// while one is computed (two in flight measured the same, at one row a warp). The
+// activations come from xs / xds (XST: staged by q8_gemv_q8_rows, a unit's block l at
+// words l and m + l, so the lanes' 16-byte reads are conflict-free) or from global, read
+// once for the R rows.
 template <bool XST>
 static __device__ __forceinline__ void q8_gemv_q8_any(
     q8m w, const signed char* __restrict__ xq, const float* __restrict__ xd,

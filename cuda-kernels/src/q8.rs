@@ -120,20 +120,19 @@ pub fn device_layout(parts: &[&Q8Matrix<'_>]) -> Vec<u8> {
     );
     let nb = k / QK;
     let rows: usize = parts.iter().map(|m| m.rows).sum();
-    let quants = rows * k;
     let mut out = vec![0u8; rows * row_bytes(k)];
+    let (quants, scales) = out.split_at_mut(rows * k);
     let all_rows = parts.iter().flat_map(|m| (0..m.rows).map(|r| m.row(r)));
-    for (r, row) in all_rows.enumerate() {
-        let dst = &mut out[r * k..(r + 1) * k];
+    let dests = quants
+        .chunks_exact_mut(k)
+        .zip(scales.chunks_exact_mut(2 * nb));
+    for (row, (dst, scales)) in all_rows.zip(dests) {
         for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
             for half in 0..2 {
                 let at = device_quant_offset(b, 16 * half, nb);
                 dst[at..at + 16].copy_from_slice(&block[2 + 16 * half..18 + 16 * half]);
             }
-        }
-        for (b, block) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-            let s = quants + 2 * (r * nb + b);
-            out[s..s + 2].copy_from_slice(&block[..2]);
+            scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]);
         }
     }
     out

@@ -30,8 +30,8 @@ pub const GEMV_Q8_ROWS_PER_WARP: usize = 1;
 /// Rows a warp takes side by side otherwise (`Q8_ANY_ROWS`): each activation read, from
 /// shared memory or global, serves them all.
 pub const GEMV_Q8_ANY_ROWS: usize = 2;
-/// The largest k whose activations (one column) `q8_gemv_q8` holds in registers
-/// (`Q8_XREG_UNITS` units of 1024).
+/// The largest k whose activations (one column) `q8_gemv_q8` holds in registers (four
+/// units of 1024: `q8_gemv_q8_x1`'s instances in `q8_gemv_q8_rows`).
 pub const GEMV_Q8_XREG_K: usize = 4096;
 
 /// Rows a `q8_gemv_q8` warp takes at a time for `ncols` columns of `k`.
