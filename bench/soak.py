@@ -86,9 +86,10 @@ GAUGES: tuple[Gauge, ...] = (
     # RSS less the prompt cache's RAM tier (the bytes /metrics says it holds). The tier fills
     # up to its budget (180 MiB by default) over the first minutes, faster or slower with the
     # rate, and then evicts: a bounded climb that a 5-minute run cannot tell from a leak, so
-    # it is taken out. The tier's entries come and go whole (a short chat's is 2-8 MiB) and
-    # glibc keeps freed arenas, so what is left still moves in steps of a few MiB without any
-    # leak: 16 MiB is several such steps. 4 MiB/h is ~100 MiB a day, a leak that takes a 16 GiB
+    # it is taken out. The daemon fixes glibc's mmap threshold (daemon/src/heap.rs), so
+    # buffers of a few MiB are given back when freed; before it did, what was left moved in
+    # steps of 5-15 MiB without any leak (a CI run's 23 MiB rise over 4 minutes). 16 MiB is
+    # still the floor, for allocators that keep more. 4 MiB/h is ~100 MiB a day, a leak that takes a 16 GiB
     # board down within weeks; over a 2-hour run's 105 fitted minutes the 16 MiB floor makes the
     # threshold ~9 MiB/h. RSS need not fall back when idle (the allocator keeps its pages).
     Gauge("rss_less_cache_bytes", "RSS less prompt cache", "bytes", 4 * MIB, 16 * MIB, None),

@@ -18,6 +18,7 @@
 //!   scrape time are written through [`metrics::TextWriter`].
 //! - [`thermal`]: board detection and the thermal watch: the sampler, the admission gate the
 //!   decode thread reads, the thermal metrics, and the readings for `inferloopd thermal`.
+//! - [`heap`]: glibc's mmap threshold fixed at start, so RSS follows what is live.
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`server`]: the process lifecycle: bind, load, ready, drain on shutdown.
 //! - [`quantize`]: `inferloopd quantize`, a GGUF model rewritten at another weight type by
@@ -33,6 +34,7 @@ pub mod config;
 pub mod engine;
 pub mod exit;
 pub mod golden;
+pub mod heap;
 pub mod http;
 pub mod kv_events;
 pub mod ledger;

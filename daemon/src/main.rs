@@ -13,6 +13,7 @@ use inferloopd::config::{ConfigError, ServeConfig, ServeLayer, ThermalSettings};
 use inferloopd::engine::{Device, EnginePlan};
 use inferloopd::exit::ExitCode;
 use inferloopd::golden;
+use inferloopd::heap;
 use inferloopd::quantize::{self, QuantType};
 use inferloopd::thermal::Probe;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -207,6 +208,19 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    // Before the runtime and the model allocate anything large.
+    match heap::fix_mmap_threshold() {
+        heap::Threshold::Fixed => tracing::debug!(
+            bytes = heap::MMAP_THRESHOLD_BYTES,
+            "malloc: mmap threshold fixed"
+        ),
+        heap::Threshold::FromEnvironment => {
+            tracing::info!("malloc: mmap threshold from MALLOC_MMAP_THRESHOLD_")
+        }
+        heap::Threshold::Unchanged => {
+            tracing::debug!("malloc: mmap threshold left to the allocator")
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("inferloop-io")
