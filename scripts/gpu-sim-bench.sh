@@ -123,7 +123,8 @@ if grep -q "pub const GEMV_Q8_WARPS" cuda-kernels/src/cuda/q8.rs; then
         -DGEMV_Q8_ROWS_PER_WARP="$(const GEMV_Q8_ROWS_PER_WARP)")
 fi
 if grep -q "pub const GEMV_Q8_ANY_ROWS" cuda-kernels/src/cuda/q8.rs; then
-    defs+=(-DGEMV_Q8_ANY_ROWS="$(const GEMV_Q8_ANY_ROWS)" -DGEMV_Q8_XREG_K="$(const GEMV_Q8_XREG_K)")
+    defs+=(-DGEMV_Q8_ANY_ROWS="$(const GEMV_Q8_ANY_ROWS)" -DGEMV_Q8_XREG_K="$(const GEMV_Q8_XREG_K)"
+        -DGEMV_Q8_PAIR_K="$(const GEMV_Q8_PAIR_K)")
 fi
 "$cu13/bin/nvcc" -O3 -arch=sm_86 -cudart shared -diag-suppress 177 "${defs[@]}" \
     -o "$OUT/harness" "$here/harness.cu"

@@ -270,7 +270,9 @@ static int run_gemv_q8(int rows, int k, int batch) {
     CK(cudaMemcpy(dd, xd.data(), xd.size() * 4, cudaMemcpyHostToDevice));
     // gemv_q8_blocks in q8.rs: every warp the same number of row groups.
 #ifdef GEMV_Q8_ANY_ROWS  // gemv_q8_rows_per_warp in q8.rs
-    const int per = batch == 1 && k <= GEMV_Q8_XREG_K ? GEMV_Q8_ROWS_PER_WARP : GEMV_Q8_ANY_ROWS;
+    const int per = batch == 1 && k <= GEMV_Q8_PAIR_K   ? 2
+                    : batch == 1 && k <= GEMV_Q8_XREG_K ? GEMV_Q8_ROWS_PER_WARP
+                                                        : GEMV_Q8_ANY_ROWS;
 #else
     const int per = GEMV_Q8_ROWS_PER_WARP;
 #endif

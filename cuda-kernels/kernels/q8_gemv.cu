@@ -35,8 +35,9 @@
 // Launch: block = 32 * Q8_GEMV_ROWS_PER_BLOCK threads (the kernel reads rows per block from
 // blockDim.x, the macro only bounds it), grid = ceil(rows / rows per block).
 //
-// q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes a
-// row (one column, k <= 4096) or Q8_ANY_ROWS rows at a time and the warps walk the rows with
+// q8_gemv_q8 launch: block = 32 * Q8_GEMV_Q8_WARPS threads, any grid: each warp takes two
+// rows (one column, k <= 1024), a row (one column, k <= 4096) or Q8_ANY_ROWS rows at a time
+// (gemv_q8_rows_per_warp in q8.rs) and the warps walk the rows with
 // a grid stride (the wrapper sizes the grid from the SM count and the rows, every warp as
 // many rows). xq must be 16-byte aligned (k
 // is a multiple of 32, so every block then is), xd, bias and y 4-byte. No shared memory.
@@ -178,6 +179,81 @@ static __device__ __forceinline__ void q8_finish(float v, const float* __restric
 
 static __device__ __forceinline__ int q8_unit_blocks(int nb, int u) {
     return nb - 32 * u < 32 ? nb - 32 * u : 32;
+}
+
+// The butterfly's last four steps (within a half warp) and the epilogue of one (row,
+// column): lane 0 of each half writes its row, if it has one.
+static __device__ __forceinline__ void q8_finish_half(float v, const float* __restrict__ bias,
+                                                      float* y, long long r, long long rows,
+                                                      int accumulate) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 15) == 0 && r < rows) {
+        if (bias) v = __fadd_rn(v, bias[r]);
+        y[r] = accumulate ? __fadd_rn(y[r], v) : v;
+    }
+}
+
+// One column, k <= 1024 (a single unit of nb <= 32 blocks, so a row fills at most 32
+// lanes and often only 18): two rows side by side, a half warp each, so that a warp keeps
+// two rows' loads in flight and fills its lanes. Lane j of a half owns partials j and
+// j + 16 (blocks j and j + 16 where they exist) and adds the two itself, which is the
+// butterfly's first step (v_j + v_(j xor 16)); the other four stay within the half: the
+// float order is q8_gemv_q8's, bit for bit. Warp g takes rows 2g, 2g + 1, then
+// 2(g + groups), ...; the next pair's loads go out as soon as this pair's are computed.
+static __device__ __forceinline__ void q8_gemv_q8_x1h(q8m w, const signed char* __restrict__ xq,
+                                                      const float* __restrict__ xd,
+                                                      const float* __restrict__ bias, float* y,
+                                                      int rows, int k, int accumulate, int group,
+                                                      int groups) {
+    const int lane = threadIdx.x & 31;
+    const int j = lane & 15, h = lane >> 4;
+    const int nb = k >> 5;
+    q8_i4 x0[2], x1[2];
+    float xs[2];
+    q8_u4 wa[2], wb[2];
+    unsigned short ws[2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const int b = j + 16 * t;
+        x0[t] = {0, 0, 0, 0};
+        x1[t] = x0[t];
+        xs[t] = 0.0f;
+        wa[t] = {0, 0, 0, 0};
+        wb[t] = wa[t];
+        ws[t] = 0;
+        if (b < nb) {
+            const q8_i4* p = (const q8_i4*)(xq + 32 * b);
+            x0[t] = p[0];
+            x1[t] = p[1];
+            xs[t] = xd[b];
+        }
+    }
+    const long long step = 2LL * groups;
+    long long base = 2LL * group;  // the warp's pair: rows base, base + 1
+    if (base + h < rows) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+            if (j + 16 * t < nb) q8_fetch(w, base + h, k, nb, 0, nb, j + 16 * t, wa[t], wb[t], ws[t]);
+    }
+    // Whole warps loop and leave together (base is the warp's): full-mask shuffles.
+    while (base < rows) {
+        const long long r = base + h, rn = r + step;
+        float acc[2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int b = j + 16 * t;
+            acc[t] = 0.0f;
+            if (b < nb) {
+                const int isum = q8_dot(wa[t], wb[t], x0[t], x1[t]);
+                acc[t] = __fmaf_rn(__fmul_rn(q8_f16_to_f32(ws[t]), xs[t]), __int2float_rn(isum),
+                                   acc[t]);
+                if (rn < rows) q8_fetch(w, rn, k, nb, 0, nb, b, wa[t], wb[t], ws[t]);
+            }
+        }
+        q8_finish_half(__fadd_rn(acc[0], acc[1]), bias, y, r, rows, accumulate);
+        base += step;
+    }
 }
 
 // One column, NU units a row (k <= 1024 NU): the activations in registers. The loads of
@@ -360,7 +436,8 @@ static __device__ __forceinline__ void q8_gemv_q8_any(
 
 // q8_gemv_q8's body as a device function, so fused kernels (layer.cu) run the same matvec
 // between a prologue and an epilogue of their own: warp `group` of `groups` takes rows
-// group, group + groups, ... of the `rows` rows of w (one column, k <= 4096), or
+// group, group + groups, ... of the `rows` rows of w (one column, k <= 4096; pairs of
+// rows from 2 * group on when k <= 1024), or
 // Q8_ANY_ROWS at a time from Q8_ANY_ROWS * group on (otherwise); column c of the result is
 // y[c * ystride + row]. Every thread of the block calls it (the activations' staging has
 // block barriers), with at most Q8_GEMV_Q8_WARPS warps.
@@ -373,7 +450,7 @@ static __device__ __forceinline__ void q8_gemv_q8_rows(
     if (ncols == 1) {
         switch (((k >> 5) + 31) >> 5) {
             case 1:
-                return q8_gemv_q8_x1<1>(w, xq, xd, bias, y, rows, k, accumulate, group, groups);
+                return q8_gemv_q8_x1h(w, xq, xd, bias, y, rows, k, accumulate, group, groups);
             case 2:
                 return q8_gemv_q8_x1<2>(w, xq, xd, bias, y, rows, k, accumulate, group, groups);
             case 3:

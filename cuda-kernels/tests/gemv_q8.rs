@@ -17,12 +17,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// (rows, k): rows a multiple of nothing, k one block, the default model's widths, one
-/// block short of a warp's 32, past it, and Llama-3-8B's 4096.
+/// block short of a warp's 32, exactly 32 (one column: every lane of a half warp takes
+/// two blocks), past it, and Llama-3-8B's 4096.
 const SHAPES: &[(usize, usize)] = &[
     (1, 32),
     (7, 576),
     (67, 1536),
     (33, 992),
+    (10, 1024),
     (13, 1056),
     (19, 4096),
     // Five units, the last short: one column past the activations held in registers, and

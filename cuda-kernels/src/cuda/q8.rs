@@ -23,9 +23,9 @@ pub const GEMV_MAX_COLS: usize = 8;
 pub const GEMV_ROWS_PER_BLOCK: usize = 4;
 /// Warps per thread block of `q8_gemv_q8`: `Q8_GEMV_Q8_WARPS`.
 pub const GEMV_Q8_WARPS: usize = 4;
-/// Rows each `q8_gemv_q8` warp takes at a time with one column and k up to
-/// [`GEMV_Q8_XREG_K`]: one (its lanes take a unit's 32 blocks, the activations sit in
-/// registers).
+/// Rows each `q8_gemv_q8` warp takes at a time with one column and k from past
+/// [`GEMV_Q8_PAIR_K`] up to [`GEMV_Q8_XREG_K`]: one (its lanes take a unit's 32 blocks, the
+/// activations sit in registers).
 pub const GEMV_Q8_ROWS_PER_WARP: usize = 1;
 /// Rows a warp takes side by side otherwise (`Q8_ANY_ROWS`): each activation read, from
 /// shared memory or global, serves them all.
@@ -34,9 +34,16 @@ pub const GEMV_Q8_ANY_ROWS: usize = 2;
 /// units of 1024: `q8_gemv_q8_x1`'s instances in `q8_gemv_q8_rows`).
 pub const GEMV_Q8_XREG_K: usize = 4096;
 
+/// The largest k at which `q8_gemv_q8` takes one column's rows in pairs, a half warp each
+/// (`q8_gemv_q8_x1h`: one unit of at most 32 blocks a row, which alone fills 18 of 32
+/// lanes at the default model's k = 576).
+pub const GEMV_Q8_PAIR_K: usize = 1024;
+
 /// Rows a `q8_gemv_q8` warp takes at a time for `ncols` columns of `k`.
 pub fn gemv_q8_rows_per_warp(k: usize, ncols: usize) -> usize {
-    if ncols == 1 && k <= GEMV_Q8_XREG_K {
+    if ncols == 1 && k <= GEMV_Q8_PAIR_K {
+        2
+    } else if ncols == 1 && k <= GEMV_Q8_XREG_K {
         GEMV_Q8_ROWS_PER_WARP
     } else {
         GEMV_Q8_ANY_ROWS
@@ -492,6 +499,9 @@ mod tests {
         }
         assert_eq!(gemv_q8_blocks(512, 1, 8), 32);
         assert_eq!(gemv_q8_blocks(4096, 1, 8), 40);
+        assert_eq!(gemv_q8_rows_per_warp(576, 1), 2);
+        assert_eq!(gemv_q8_rows_per_warp(1024, 1), 2);
+        assert_eq!(gemv_q8_rows_per_warp(1056, 1), 1);
         assert_eq!(gemv_q8_rows_per_warp(4096, 1), 1);
         assert_eq!(gemv_q8_rows_per_warp(4096, 2), 2);
         assert_eq!(gemv_q8_rows_per_warp(14336, 1), 2);
