@@ -89,9 +89,9 @@ GAUGES: tuple[Gauge, ...] = (
     # it is taken out. The daemon fixes glibc's mmap threshold (daemon/src/heap.rs), so
     # buffers of a few MiB are given back when freed; before it did, what was left moved in
     # steps of 5-15 MiB without any leak (a CI run's 23 MiB rise over 4 minutes). 16 MiB is
-    # still the floor, for allocators that keep more. 4 MiB/h is ~100 MiB a day, a leak that takes a 16 GiB
-    # board down within weeks; over a 2-hour run's 105 fitted minutes the 16 MiB floor makes the
-    # threshold ~9 MiB/h. RSS need not fall back when idle (the allocator keeps its pages).
+    # still the floor, for allocators that keep more. 4 MiB/h is ~100 MiB a day, a leak that
+    # takes a 16 GiB board down within weeks; over a 2-hour run's 105 fitted minutes the
+    # 16 MiB floor makes the threshold ~9 MiB/h. RSS need not fall back when idle (the allocator keeps its pages).
     Gauge("rss_less_cache_bytes", "RSS less prompt cache", "bytes", 4 * MIB, 16 * MIB, None),
     # Raw RSS, for the record: after warm-up it is the above plus a full tier.
     Gauge("rss_bytes", "RSS", "bytes", 0, 0, None, judged=False),

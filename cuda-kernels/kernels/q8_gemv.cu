@@ -181,6 +181,25 @@ static __device__ __forceinline__ int q8_unit_blocks(int nb, int u) {
     return nb - 32 * u < 32 ? nb - 32 * u : 32;
 }
 
+// Block b's activations (one column) for a lane's registers: its 32 quants and its scale,
+// or zeros where the row has no such block (`have` false).
+struct q8_xblock {
+    q8_i4 x0, x1;
+    float d;
+};
+static __device__ __forceinline__ q8_xblock q8_load_x(const signed char* __restrict__ xq,
+                                                      const float* __restrict__ xd, int b,
+                                                      bool have) {
+    q8_xblock r = {{0, 0, 0, 0}, {0, 0, 0, 0}, 0.0f};
+    if (have) {
+        const q8_i4* p = (const q8_i4*)(xq + 32 * b);
+        r.x0 = p[0];
+        r.x1 = p[1];
+        r.d = xd[b];
+    }
+    return r;
+}
+
 // The butterfly's last four steps (within a half warp) and the epilogue of one (row,
 // column): lane 0 of each half writes its row, if it has one.
 static __device__ __forceinline__ void q8_finish_half(float v, const float* __restrict__ bias,
@@ -215,19 +234,13 @@ static __device__ __forceinline__ void q8_gemv_q8_x1h(q8m w, const signed char* 
     unsigned short ws[2];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-        const int b = j + 16 * t;
-        x0[t] = {0, 0, 0, 0};
-        x1[t] = x0[t];
-        xs[t] = 0.0f;
+        const q8_xblock xb = q8_load_x(xq, xd, j + 16 * t, j + 16 * t < nb);
+        x0[t] = xb.x0;
+        x1[t] = xb.x1;
+        xs[t] = xb.d;
         wa[t] = {0, 0, 0, 0};
         wb[t] = wa[t];
         ws[t] = 0;
-        if (b < nb) {
-            const q8_i4* p = (const q8_i4*)(xq + 32 * b);
-            x0[t] = p[0];
-            x1[t] = p[1];
-            xs[t] = xd[b];
-        }
     }
     const long long step = 2LL * groups;
     long long base = 2LL * group;  // the warp's pair: rows base, base + 1
@@ -272,18 +285,13 @@ static __device__ __forceinline__ void q8_gemv_q8_x1(q8m w, const signed char* _
     unsigned short ws[NU];
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
-        x0[u] = {0, 0, 0, 0};
-        x1[u] = x0[u];
-        xs[u] = 0.0f;
+        const q8_xblock xb = q8_load_x(xq, xd, 32 * u + lane, lane < q8_unit_blocks(nb, u));
+        x0[u] = xb.x0;
+        x1[u] = xb.x1;
+        xs[u] = xb.d;
         wa[u] = {0, 0, 0, 0};
         wb[u] = wa[u];
         ws[u] = 0;
-        if (lane < q8_unit_blocks(nb, u)) {
-            const q8_i4* p = (const q8_i4*)(xq + 32 * (32 * u + lane));
-            x0[u] = p[0];
-            x1[u] = p[1];
-            xs[u] = xd[32 * u + lane];
-        }
     }
     long long r = group;
     if (r < rows) {

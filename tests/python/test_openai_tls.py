@@ -58,7 +58,8 @@ def test_the_openai_client_with_the_ca_talks_https(https_url: str, certs: Path) 
     # Sampled: the model may end its answer ("Hi!") before the 4 tokens run out.
     finish = out.choices[0].finish_reason
     tokens = out.usage.completion_tokens
-    assert (finish, tokens) == ("length", 4) or (finish == "stop" and 1 <= tokens < 4), (finish, tokens)
+    assert (finish, tokens) == ("length", 4) or (finish == "stop" and 1 <= tokens < 4), \
+        (finish, tokens)
     stream = client.chat.completions.create(
         model=models.data[0].id, max_tokens=4, stream=True,
         messages=[{"role": "user", "content": "Say hi."}])
