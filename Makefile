@@ -83,7 +83,7 @@ help:
 	@echo "  gpu-sim-bench GPGPUSIM_SRC=DIR  decode kernels' bandwidth on a simulated Orin NX (GPGPU-Sim; not in CI; QUICK=1) -> out/gpu-sim/bench.json"
 	@echo "  fuzz-gguf      the GGUF reader under 1,000,000 random mutations of the model's header"
 	@echo "  fuzz     libFuzzer (cargo fuzz) on every target in fuzz/, FUZZ_RUNS=$(FUZZ_RUNS) executions each -> out/fuzz/summary.txt"
-	@echo "  fuzz-smoke  every fuzz target for $(FUZZ_SMOKE_RUNS) executions or 20 s (what CI runs)"
+	@echo "  fuzz-smoke  every fuzz target for $(FUZZ_SMOKE_RUNS) executions or 20 s (in check-long)"
 	@echo "  test-native  the qualification suite and the openai tests against --backend native on the Q8_0 model"
 	@echo "  qual     the 385-case qualification suite (spawn mode) -> out/qual/report.html"
 	@echo "  qual-peer  the same cases against llama.cpp's llama-server (attach mode) -> out/qual-peer/, with compare.md"
@@ -96,6 +96,7 @@ help:
 	@echo "  ota-demo  keys, images 1.0.0 and 1.1.0, bundles into out/ota-demo/, then install -> reboot -> mark-good"
 	@echo "  fleet-test  the inferloop-ota agent on simulated boxes against a real goosebit (root): rollouts, failures, resume, ten boxes"
 	@echo "  fleet-demo  goosebit, two bundles, three boxes, a rollout -> out/fleet-demo/devices.json"
+	@echo "  check-long  what CI leaves out for time: fuzz-smoke, soak-smoke, cuda-sim-test (both orders), vm-test (root; ~35 min)"
 	@echo "  fmt, clippy, clean"
 
 deps:
@@ -305,7 +306,8 @@ kernels-check:
 # The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
 # stand-in libcuda (the crate inferloop-cuda-sim, cuda-kernels/sim/), then the kernel tests
 # in both thread orders, the daemon's CUDA forward pass, golden and a served request on
-# --device cuda, each against the CPU twins (~3 minutes; in CI). `make cuda-sim` only builds it, into out/cuda-sim/.
+# --device cuda, each against the CPU twins (~6 minutes; CI runs it with SIM_ORDERS=none, whose
+# device phase runs the tests in one order; make check-long in both). `make cuda-sim` only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
 	cargo build --release $(LOCKED) --workspace --bin cuda-sim
@@ -380,7 +382,7 @@ fuzz-gguf: model
 # trickled, the SSE framing, the GGUF reader, the OTA agent's DDI replies.
 #   make fuzz        every target for FUZZ_RUNS executions, one after another (not in CI;
 #                    FUZZ_MAX_TIME=S caps each target's seconds) -> out/fuzz/summary.txt
-#   make fuzz-smoke  every target for FUZZ_SMOKE_RUNS executions or 20 s (CI's fuzz phase)
+#   make fuzz-smoke  every target for FUZZ_SMOKE_RUNS executions or 20 s (in check-long)
 # FUZZ_TARGETS="template sse" picks targets. Needs cargo-fuzz (scripts/install-deps.sh).
 FUZZ_RUNS ?= 1000000
 FUZZ_MAX_TIME ?= 0
@@ -394,6 +396,16 @@ fuzz: fuzz-deps
 
 fuzz-smoke: fuzz-deps
 	FUZZ_BUILD=dev FUZZ_RUNS=$(FUZZ_SMOKE_RUNS) FUZZ_MAX_TIME=20 FUZZ_OUT=out/fuzz-smoke scripts/fuzz.sh
+
+# The checks CI leaves out to stay near 40 minutes (docs/testing.md): libFuzzer on every
+# target, the 5-minute soak, the emulator's GPU tests in both thread orders, the image booted
+# under QEMU with A/B updates inside it. Root; ~35 minutes on 2 cores after `make build`.
+.PHONY: check-long
+check-long:
+	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory soak-smoke
+	$(MAKE) --no-print-directory cuda-sim-test
+	$(MAKE) --no-print-directory vm-test
 
 fmt:
 	cargo fmt --all

@@ -8,7 +8,8 @@
 #
 #   1. every CUDA kernel test against its twin and the daemon's CUDA forward pass against
 #      the CPU twins, bit for bit, with each block's threads run first-to-last and again
-#      last-to-first (a missing barrier shows in one of the two orders; SIM_ORDERS picks); with
+#      last-to-first (a missing barrier shows in one of the two orders; SIM_ORDERS picks,
+#      `none` skips this step); with
 #      INFERLOOP_REQUIRE_GPU=1, and every GPU test listed must have run on the emulator;
 #   2. golden on the real Q8_0 model: --device cuda reports what --device cpu reports;
 #   3. the daemon served with --backend native --device cuda answers the openai client
@@ -58,10 +59,12 @@ all_gpu_tests_ran() {
 
 # Every test named gpu or cuda in the workspace: the kernels against their twins and the
 # daemon's CUDA forward pass against the CPU twins (and its selection and ledger tests).
-# SIM_ORDERS picks the orders (CI runs `reverse` only: its device phase runs the same GPU tests
-# on the emulator in the forward order, through scripts/device-check.sh).
+# SIM_ORDERS picks the orders; `none` runs no test, only steps 2-4 (what CI does: its device
+# phase runs the same GPU tests on the emulator in the forward order, through
+# scripts/device-check.sh).
 read -r -a orders <<< "${SIM_ORDERS:-forward reverse}"
-for order in "${orders[@]}"; do
+[ "${orders[*]}" = none ] && orders=()
+for order in ${orders[@]+"${orders[@]}"}; do
     step "GPU tests, threads run $order"
     INFERLOOP_SIM_ORDER=$order cargo test --release $LOCKED --workspace -- gpu cuda --nocapture \
         > "$out/check/tests-$order.log" 2>&1 || { tail -50 "$out/check/tests-$order.log"; exit 1; }

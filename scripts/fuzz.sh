@@ -12,7 +12,7 @@
 #   FUZZ_CORPUS    where each target's corpus grows, one folder per target (fuzz/corpus)
 #   FUZZ_BUILD     release (optimized; what `make fuzz` uses) or dev (unoptimized: a cold
 #                  build of every dependency and llama.cpp's C++ takes a fraction of the time,
-#                  inputs run slower; what CI's smoke uses)
+#                  inputs run slower; what make fuzz-smoke uses)
 #
 # Built with --sanitizer none (the code under test is safe Rust; no nightly flag needed, so
 # the stable toolchain builds it) and --debug-assertions (overflow checks on). The corpus
