@@ -96,7 +96,7 @@ help:
 	@echo "  ota-demo  keys, images 1.0.0 and 1.1.0, bundles into out/ota-demo/, then install -> reboot -> mark-good"
 	@echo "  fleet-test  the inferloop-ota agent on simulated boxes against a real goosebit (root): rollouts, failures, resume, ten boxes"
 	@echo "  fleet-demo  goosebit, two bundles, three boxes, a rollout -> out/fleet-demo/devices.json"
-	@echo "  check-long  what CI leaves out for time: fuzz-smoke, soak-smoke, cuda-sim-test (both orders), vm-test (root; ~35 min)"
+	@echo "  check-long  what CI leaves out for time: fuzz-smoke, soak-smoke, cuda-sim-test (both orders), vm-test (root; ~20 min)"
 	@echo "  fmt, clippy, clean"
 
 deps:
@@ -306,7 +306,7 @@ kernels-check:
 # The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
 # stand-in libcuda (the crate inferloop-cuda-sim, cuda-kernels/sim/), then the kernel tests
 # in both thread orders, the daemon's CUDA forward pass, golden and a served request on
-# --device cuda, each against the CPU twins (~6 minutes; CI runs it with SIM_ORDERS=none, whose
+# --device cuda, each against the CPU twins (~3 minutes; CI runs it with SIM_ORDERS=none, whose
 # device phase runs the tests in one order; make check-long in both). `make cuda-sim` only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
@@ -399,7 +399,7 @@ fuzz-smoke: fuzz-deps
 
 # The checks CI leaves out to stay near 40 minutes (docs/testing.md): libFuzzer on every
 # target, the 5-minute soak, the emulator's GPU tests in both thread orders, the image booted
-# under QEMU with A/B updates inside it. Root; ~35 minutes on 2 cores after `make build`.
+# under QEMU with A/B updates inside it. Root; ~20 minutes on 2 cores after `make build`.
 .PHONY: check-long
 check-long:
 	$(MAKE) --no-print-directory fuzz-smoke
