@@ -306,8 +306,9 @@ kernels-check:
 # The CUDA path on a machine without a GPU: every kernel compiled for this CPU behind a
 # stand-in libcuda (the crate inferloop-cuda-sim, cuda-kernels/sim/), then the kernel tests
 # in both thread orders, the daemon's CUDA forward pass, golden and a served request on
-# --device cuda, each against the CPU twins (~3 minutes; CI runs it with SIM_ORDERS=none, whose
-# device phase runs the tests in one order; make check-long in both). `make cuda-sim` only builds it, into out/cuda-sim/.
+# --device cuda, each against the CPU twins (~3 minutes). CI runs it with SIM_ORDERS=none (its
+# device phase runs the tests in one order), make check-long in both orders. `make cuda-sim`
+# only builds it, into out/cuda-sim/.
 .PHONY: cuda-sim cuda-sim-test
 cuda-sim:
 	cargo build --release $(LOCKED) --workspace --bin cuda-sim
