@@ -1,7 +1,7 @@
 //! What one `llama_decode` of `r` rows of one sequence costs at a given context length, every
 //! row with its logits: the price of verifying `r - 1` drafted tokens, against one decoded
 //! token (`r = 1`). Speculative decoding gains only where `cost(r) / cost(1)` grows slower
-//! than the tokens a verification yields (docs/benchmarks.md#speculative-decoding).
+//! than the tokens a verification yields (docs/benchmarks.md#speculative-decoding-make-bench-speed).
 //! `cargo run --release --workspace --example verify_cost -- MODEL [THREADS] [CONTEXTS] [MAX_ROWS] [REPS]`
 //! CONTEXTS is comma-separated (default 300,1200); one JSON line per (context, rows).
 
@@ -30,6 +30,9 @@ fn main() -> Result<()> {
         .context(usage)?;
     let max_rows: u32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(16);
     let reps: u32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(12);
+    // One batch holds the widest step; a median needs one time at least.
+    anyhow::ensure!((1..=512).contains(&max_rows), "MAX_ROWS must be 1 to 512");
+    anyhow::ensure!(reps >= 1, "REPS must be at least 1");
 
     let mut backend = LlamaBackend::init()?;
     backend.void_logs();
@@ -42,7 +45,7 @@ fn main() -> Result<()> {
         .with_n_threads_batch(threads);
     let mut ctx = model.new_context(&backend, params)?;
     // Any tokens do: the cost depends on how many rows attend over how many cells.
-    let token = |i: u32| LlamaToken(1000 + (i * 7919 % 20000) as i32);
+    let token = |i: u32| LlamaToken(1000 + (u64::from(i) * 7919 % 20000) as i32);
     let mut batch = LlamaBatch::new(512, 1);
     for &context in &contexts {
         ctx.clear_kv_cache();
