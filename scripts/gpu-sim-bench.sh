@@ -80,6 +80,13 @@ patches=("$here/gpgpusim-cuda13.patch" "$here/gpgpusim-dp4a-fma.patch")
 patch_id=$(cat "${patches[@]}" | sha256sum | cut -c1-8)
 sim=$CACHE/sim-${commit:0:8}-$patch_id
 if [ ! -f "$sim/.built" ]; then
+    # Its Makefiles call these; without them the build stops deep in a makedepend line.
+    for tool in makedepend bison flex g++; do
+        command -v "$tool" > /dev/null || {
+            log "$tool not found: apt-get install build-essential xutils-dev bison flex zlib1g-dev libglu1-mesa-dev"
+            exit 1
+        }
+    done
     log "building GPGPU-Sim ${commit:0:8} into $sim (about 5 minutes on 2 cores)"
     rm -rf "$sim"
     git clone --quiet --no-checkout "$GPGPUSIM_SRC" "$sim"
@@ -154,9 +161,13 @@ launch = int(sys.argv[5])
 text = open(f"{d}/sim.log", errors="replace").read()
 m = re.search(r"^HARNESS (\{.*\})$", text, re.M)
 row = json.loads(m.group(1)) if m else {"check": "no result"}
-cycles = sum(int(c) for c in re.findall(r"^gpu_sim_cycle = (\d+)", text, re.M))
-insn = sum(int(c) for c in re.findall(r"^gpu_sim_insn = (\d+)", text, re.M))
-launches = len(re.findall(r"^gpu_sim_cycle = ", text, re.M))
+# Each launch prints its own cycles; the harness's warm-up launches (the kernel writing the
+# activations, as the step's previous kernel does) come first and are not timed.
+skip = int(row.get("warmup_launches", 0))
+per_launch = [int(c) for c in re.findall(r"^gpu_sim_cycle = (\d+)", text, re.M)][skip:]
+cycles = sum(per_launch)
+insn = sum(int(c) for c in re.findall(r"^gpu_sim_insn = (\d+)", text, re.M)[skip:])
+launches = len(per_launch)
 row.update(cycles=cycles, launch_cycles=launches * launch, thread_insn=insn, sim_wall_s=wall,
            rc=rc)
 if cycles > launches * launch:
